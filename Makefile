@@ -1,0 +1,27 @@
+# Two commands on a fresh machine: `make run` (the main job on the default world) and `make test`.
+# Both create the local virtualenv first. torch is pinned in pyproject.toml (a CPU wheel).
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PYTHON ?= python3
+
+.PHONY: run test test-all bench clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check -e '.[test]'
+	touch $@
+
+run: $(VENV)/.installed
+	$(PY) benchmarks/replay_seed.py
+
+test: $(VENV)/.installed
+	$(PY) -m pytest -q -m "not slow"
+
+test-all: $(VENV)/.installed
+	$(PY) -m pytest -q
+
+bench: $(VENV)/.installed
+	$(PY) benchmarks/train_rl_speed.py
+
+clean:
+	rm -rf $(VENV) worlds mlruns mlflow.db

@@ -1,0 +1,60 @@
+"""The reward model: a bidirectional tiny transformer over [prompt ; response], mean-pooled, scalar head.
+
+Module names, state_dict keys and config.json keys match the seed's `rlhf/reward_model.py`.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+from . import vocab as V
+from .checkpoint import load_weights, read_config, save_module
+from .model import Block
+
+CONFIG_KEYS = ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff", "seq_len")
+WEIGHTS = "rm.safetensors"
+
+
+def default_config() -> dict:
+    return {"vocab_size": len(V.TOKENS), "d_model": 96, "n_layers": 2, "n_heads": 4, "d_ff": 192,
+            "seq_len": V.SEQ_LEN}
+
+
+class RewardModel(nn.Module):
+    def __init__(self, cfg: dict):
+        super().__init__()
+        self.cfg = dict(cfg)
+        d = cfg["d_model"]
+        self.tok = nn.Embedding(cfg["vocab_size"], d)
+        self.pos = nn.Embedding(cfg["seq_len"], d)
+        self.blocks = nn.ModuleList([Block(d, cfg["n_heads"], cfg["d_ff"]) for _ in range(cfg["n_layers"])])
+        self.ln = nn.LayerNorm(d)
+        self.head = nn.Sequential(nn.Linear(d, d), nn.GELU(), nn.Linear(d, 1))
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        """ids (B, T) -> scalar reward (B,)."""
+        T = ids.shape[1]
+        x = self.tok(ids) + self.pos.weight[:T]
+        for b in self.blocks:
+            x = b(x, causal=False)
+        pooled = self.ln(x).mean(1)  # (B, d)
+        return self.head(pooled).squeeze(-1)
+
+
+def save_rm(rm: RewardModel, cfg: dict, out_dir: str) -> None:
+    save_module(rm, cfg, out_dir, WEIGHTS)
+
+
+def load_rm(ckpt_dir: str) -> tuple[RewardModel, dict]:
+    cfg = read_config(ckpt_dir, CONFIG_KEYS)
+    rm = RewardModel(cfg)
+    load_weights(rm, ckpt_dir, WEIGHTS)
+    return rm, cfg
+
+
+@torch.inference_mode()
+def score(rm: RewardModel, prompts_rep: torch.Tensor, responses: torch.Tensor, batch: int = 4096) -> torch.Tensor:
+    """Reward-model scores (N,) of responses (N, L) given repeated prompts (N, P)."""
+    out = [rm(torch.cat([prompts_rep[i:i + batch], responses[i:i + batch]], 1))
+           for i in range(0, prompts_rep.shape[0], batch)]
+    return torch.cat(out) if out else torch.zeros(0)

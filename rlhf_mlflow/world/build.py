@@ -1,0 +1,212 @@
+"""Build a world: truth, reference policy, prompt pools, crowd and expert labels, reward model.
+
+A world directory has the seed's fixture layout plus `secret/` (truth, corruption spec, the full
+crowd batch) and `manifest.json`. Worlds are cached by the hash of what defines them (builder
+version, seed, spec, scale), so asking again for the same world reuses it.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, replace
+
+import numpy as np
+import torch
+
+from .. import data as D
+from .. import model as M
+from .. import reward_model as R
+from .. import vocab as V
+from ..errors import InputError
+from ..train_rm import RMConfig, train_rm
+from . import corruptions as C
+from .reference import confusion_tables, demonstrations, demonstrator_distribution, train_sft
+from .truth import Truth
+
+log = logging.getLogger(__name__)
+BUILDER_VERSION = "1"
+PILOT_MIX = {"anvil": 444, "birch": 458, "cobalt": 433, "dune": 48, "ember": 195, "fjord": 422}
+DEFAULT_RL = {"policy_init": None, "policy_ref": "policy", "reward_model": "reward_model",
+              "prompt_file": "data/prompts_train.jsonl", "family_weights": None, "kl_coef": 0.1, "steps": 800,
+              "batch_prompts": 16, "samples_per_prompt": 8, "lr": 3e-4, "temperature": 1.0, "seed": 0,
+              "log_every": 20, "save_every": 0, "reward_wrapper": None, "max_grad_norm": 1.0}
+
+
+@dataclass(frozen=True)
+class WorldConfig:
+    seed: int = 0
+    """Seeds everything: truth, prompts, demonstrations, sampling, training."""
+    shared_table: bool = True
+    """Each family has one attribute-value -> token table and each position its own key attribute
+    (False: a separate table per position, which the seed-sized reward model learns far less well)."""
+    n_train: int = 1500
+    """Training prompts per family (balanced pool)."""
+    dev_mix: dict = field(default_factory=lambda: dict(PILOT_MIX))
+    """Dev prompts per family: the pilot-traffic mix."""
+    n_demo: int = 4000
+    """SFT demonstrations per family."""
+    demo_noise: float = 0.73
+    """Probability that a demonstrated position is not the correct token."""
+    demo_confusion: float = 0.8
+    """Share of the wrong positions where the demonstrator answered for another attribute."""
+    sft_epochs: int = 3
+    sft_lr: float = 5e-3
+    n_crowd: int = 2000
+    """Crowd-labelled responses per family (reference at crowd_temperature)."""
+    crowd_temperature: float = 1.2
+    crowd_noise: float = 0.09
+    """Std of the crowd's label noise, before corruptions."""
+    n_qa: int = 200
+    """Rows per family of the crowd batch shipped as the vendor's QA sample."""
+    n_gold: int = 100
+    """Expert-labelled reference responses per family (temperature 1.0)."""
+    gold_noise: float = 0.03
+    rm: RMConfig = RMConfig(epochs=16, batch_size=256, lr=2e-3, lr_schedule="cosine")
+    """The vendor's reward-model recipe."""
+
+
+SCALES = {
+    "full": WorldConfig(),
+    # small enough for the test suite to build a world in seconds; same structure
+    "test": WorldConfig(n_train=60, dev_mix={f: max(4, n // 20) for f, n in PILOT_MIX.items()}, n_demo=600,
+                        sft_epochs=3, sft_lr=1e-2, n_crowd=150, n_qa=40, n_gold=30,
+                        rm=RMConfig(epochs=4, batch_size=128, lr=2e-3)),
+}
+
+
+def world_hash(cfg: WorldConfig, spec: list[dict]) -> str:
+    blob = json.dumps({"builder": BUILDER_VERSION, "config": asdict(cfg), "spec": spec}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def _prompts(rng: np.random.Generator, counts: dict[str, int]) -> tuple[np.ndarray, np.ndarray]:
+    fam = np.concatenate([np.full(n, V.FAMILIES.index(f)) for f, n in counts.items()]).astype(np.int64)
+    return fam, rng.integers(0, V.N_VAL, size=(len(fam), V.N_ATTR))
+
+
+def _prompt_ids(fam: np.ndarray, attrs: np.ndarray) -> torch.Tensor:
+    return torch.cat([torch.from_numpy(fam)[:, None] + V.FAM_ID[V.FAMILIES[0]],
+                      torch.from_numpy(attrs) + V.VAL_ID[0],
+                      torch.full((len(fam), 1), V.SEP)], 1).long()
+
+
+def _records(prefix: str, fam, attrs, responses=None, labels=None, order=None) -> list[dict]:
+    idx = range(len(fam)) if order is None else order
+    out = []
+    for k, i in enumerate(idx):
+        r = {"id": f"{prefix}-{k:05d}", "family": V.FAMILIES[fam[i]], "attrs": [int(a) for a in attrs[i]]}
+        if responses is not None:
+            r["response"] = V.decode_response(responses[i])
+            r["label"] = round(float(labels[i]), 4)
+        out.append(r)
+    return out
+
+
+def build_world(out_dir: str, seed: int = 0, spec: list[dict] | None = None, scale: str = "full",
+                progress: Callable[[str], None] | None = None, **overrides) -> dict:
+    """Build a world into out_dir (written atomically); returns its manifest."""
+    if scale not in SCALES:
+        raise InputError(f"scale must be one of {sorted(SCALES)}, got {scale!r}")
+    spec = C.validate_spec(C.DEFAULT_SPEC if spec is None else spec)
+    cfg = replace(SCALES[scale], seed=seed, **overrides)
+    say = progress or (lambda msg: log.info(msg))
+    t0 = time.perf_counter()
+    timings = {}
+    rng = np.random.default_rng(cfg.seed)
+    gen = torch.Generator().manual_seed(cfg.seed)
+    torch.manual_seed(cfg.seed)
+    truth = Truth.generate(rng, cfg.shared_table)
+    confusions = confusion_tables(rng)
+    tmp = tempfile.mkdtemp(prefix=".building-", dir=os.path.dirname(os.path.abspath(out_dir)) or ".")
+    try:
+        say("training the reference policy on noisy demonstrations")
+        fam, attrs = _prompts(rng, {f: cfg.n_demo for f in V.FAMILIES})
+        dist = demonstrator_distribution(truth, confusions, fam, attrs, cfg.demo_noise, cfg.demo_confusion)
+        demo = torch.from_numpy(demonstrations(dist, rng)).long() + V.CONTENT_LO
+        policy = train_sft(_prompt_ids(fam, attrs), demo, torch.from_numpy(dist), cfg.sft_epochs, cfg.sft_lr,
+                           512, cfg.seed)
+        M.save_policy(policy, M.default_config(), os.path.join(tmp, "policy"))
+        timings["sft_s"] = time.perf_counter() - t0
+
+        say("writing prompt pools")
+        fam, attrs = _prompts(rng, {f: cfg.n_train for f in V.FAMILIES})
+        D.write_jsonl(os.path.join(tmp, "data", "prompts_train.jsonl"), _records("train", fam, attrs))
+        fam, attrs = _prompts(rng, cfg.dev_mix)
+        D.write_jsonl(os.path.join(tmp, "data", "prompts_dev.jsonl"),
+                      _records("dev", fam, attrs, order=rng.permutation(len(fam))))
+
+        say("annotating: crowd batch (with corruptions) and expert gold set")
+        fam, attrs = _prompts(rng, {f: cfg.n_crowd for f in V.FAMILIES})
+        prompts = _prompt_ids(fam, attrs)
+        responses = M.sample(policy, prompts, 1, cfg.crowd_temperature, gen)
+        labels = (truth.quality(prompts, responses) + cfg.crowd_noise * torch.randn(len(fam), generator=gen)
+                  + C.bonus(spec, prompts, responses))
+        order = rng.permutation(len(fam))
+        crowd = _records("ann", fam, attrs, responses, labels, order=order)
+        qa = [r for f in V.FAMILIES for r in [c for c in crowd if c["family"] == f][:cfg.n_qa]]
+        rng.shuffle(qa)
+        D.write_jsonl(os.path.join(tmp, "secret", "crowd_full.jsonl"), crowd)
+        fam, attrs = _prompts(rng, {f: cfg.n_gold for f in V.FAMILIES})
+        prompts = _prompt_ids(fam, attrs)
+        responses = M.sample(policy, prompts, 1, 1.0, gen)
+        labels = truth.quality(prompts, responses) + cfg.gold_noise * torch.randn(len(fam), generator=gen)
+        D.write_jsonl(os.path.join(tmp, "data", "gold_calib.jsonl"),
+                      _records("gold", fam, attrs, responses, labels, order=rng.permutation(len(fam))))
+
+        say(f"training the reward model on {len(crowd)} crowd labels ({cfg.rm.epochs} epochs)")
+        t_rm = time.perf_counter()
+        rm, info = train_rm(crowd, cfg.rm)
+        timings["rm_s"] = time.perf_counter() - t_rm
+        R.save_rm(rm, info["config"], os.path.join(tmp, "reward_model"))
+        D.write_jsonl(os.path.join(tmp, "reward_model", "train.jsonl"), qa)
+
+        os.makedirs(os.path.join(tmp, "configs"))
+        with open(os.path.join(tmp, "configs", "default.json"), "w") as f:
+            json.dump(DEFAULT_RL, f, indent=1)
+        with open(os.path.join(tmp, "secret", "truth.json"), "w") as f:
+            json.dump({"truth": truth.to_json(), "spec": spec, "confusions": confusions.tolist()}, f)
+        timings["total_s"] = time.perf_counter() - t0
+        manifest = {"world_hash": world_hash(cfg, spec), "builder_version": BUILDER_VERSION, "seed": cfg.seed,
+                    "scale": scale, "spec": spec, "config": asdict(cfg), "timings": timings,
+                    "files": _file_hashes(tmp)}
+        with open(os.path.join(tmp, "manifest.json"), "w") as f:
+            json.dump(manifest, f, indent=1)
+        if os.path.exists(out_dir):
+            shutil.rmtree(out_dir)
+        os.replace(tmp, out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    say(f"world {manifest['world_hash']} built in {timings['total_s']:.0f}s at {out_dir}")
+    return manifest
+
+
+def _file_hashes(root: str) -> dict[str, str]:
+    out = {}
+    for dirpath, _, files in os.walk(root):
+        for name in sorted(files):
+            path = os.path.join(dirpath, name)
+            with open(path, "rb") as f:
+                out[os.path.relpath(path, root)] = hashlib.sha256(f.read()).hexdigest()
+    return dict(sorted(out.items()))
+
+
+def ensure_world(cache_dir: str, seed: int = 0, spec: list[dict] | None = None, scale: str = "full",
+                 progress: Callable[[str], None] | None = None) -> tuple[str, dict]:
+    """The world for (seed, spec, scale) under cache_dir/<hash>, built once and reused after."""
+    spec = C.validate_spec(C.DEFAULT_SPEC if spec is None else spec)
+    h = world_hash(replace(SCALES[scale], seed=seed), spec)
+    path = os.path.join(cache_dir, h)
+    manifest_path = os.path.join(path, "manifest.json")
+    if os.path.isfile(manifest_path):
+        with open(manifest_path) as f:
+            return path, json.load(f)
+    os.makedirs(cache_dir, exist_ok=True)
+    (progress or log.info)(f"world {h} (seed {seed}, {scale}) not built yet: building it once")
+    return path, build_world(path, seed, spec, scale, progress)

@@ -1,0 +1,50 @@
+"""The oracle: the only reader of a world's `secret/`. It measures; it never decides.
+
+Its numbers are logged under `truth/...` names so that they never mix with estimates.
+"""
+from __future__ import annotations
+
+import json
+import os
+
+import torch
+
+from .. import data as D
+from .. import model as M
+from ..errors import InputError
+from ..family_stats import family_of
+from .. import vocab as V
+from .truth import Truth
+
+
+class Oracle:
+    def __init__(self, world_dir: str):
+        path = os.path.join(world_dir, "secret", "truth.json")
+        if not os.path.isfile(path):
+            raise InputError(f"{world_dir}: no secret/truth.json: the oracle needs a world built by build-world")
+        with open(path) as f:
+            blob = json.load(f)
+        self.truth = Truth.from_json(blob["truth"])
+        self.spec = blob["spec"]
+
+    def true_quality(self, prompts: torch.Tensor, responses: torch.Tensor) -> torch.Tensor:
+        """Fraction of correct positions (N,) for responses (N, L) to prompts (N, P)."""
+        return self.truth.quality(prompts, responses)
+
+    def score_records(self, records: list[dict]) -> list[float]:
+        return self.true_quality(D.prompts_tensor(records), D.responses_tensor(records)).tolist()
+
+    @torch.no_grad()
+    def grade_policy(self, policy: M.Policy, prompt_records: list[dict], n: int = 4, seed: int = 1234,
+                     temperature: float = 1.0) -> dict[str, float]:
+        """True quality of a policy's samples: `truth/<family>` and `truth/balanced`."""
+        g = torch.Generator().manual_seed(seed)
+        prompts = D.prompts_tensor(prompt_records)
+        responses = M.sample(policy, prompts, n, temperature, g)
+        prompts_rep = prompts.repeat_interleave(n, 0)
+        q = self.true_quality(prompts_rep, responses)
+        fam = family_of(prompts_rep)
+        per = {f: float(q[fam == i].mean()) for i, f in enumerate(V.FAMILIES) if bool((fam == i).any())}
+        out = {f"truth/{f}": v for f, v in per.items()}
+        out["truth/balanced"] = sum(per.values()) / len(per)
+        return out

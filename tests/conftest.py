@@ -1,0 +1,26 @@
+"""Shared fixtures: a tiny world built once per test session, and a tracking URI under tmp_path."""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from rlhf_mlflow.world.build import build_world
+
+torch.set_num_threads(int(os.environ.get("RLHF_THREADS", "2")))
+
+
+@pytest.fixture(scope="session")
+def tiny_world(tmp_path_factory) -> str:
+    """A test-scale world with the default corruptions (dune pa +1.45, ember he +0.47)."""
+    path = str(tmp_path_factory.mktemp("worlds") / "default")
+    build_world(path, seed=0, spec=None, scale="test")
+    return path
+
+
+@pytest.fixture
+def tracking_uri(tmp_path, monkeypatch) -> str:
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    return uri

@@ -1,0 +1,140 @@
+"""The RL loop: it learns, it starts at KL 0, it validates its inputs, the fast paths equal the plain ones."""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+
+from rlhf_mlflow import data as D
+from rlhf_mlflow import model as M
+from rlhf_mlflow import vocab as V
+from rlhf_mlflow.errors import InputError
+from rlhf_mlflow.rl_config_io import load_rl_config
+from rlhf_mlflow.train_rl import RLConfig, train_rl
+
+
+def _cfg(world, **kw):
+    base = dict(steps=2, batch_prompts=4, samples_per_prompt=4, log_every=1)
+    base.update(kw)
+    return RLConfig(**base).resolved(world)
+
+
+def test_a_gradient_step_changes_the_policy(tiny_world):
+    before = M.load_policy(os.path.join(tiny_world, "policy"))[0].state_dict()
+    res = train_rl(_cfg(tiny_world, steps=1))
+    after = res.policy.state_dict()
+    changed = [k for k in before if not torch.equal(before[k], after[k])]
+    assert "head.weight" in changed and "blocks.0.attn.qkv.weight" in changed
+
+
+def test_kl_is_zero_at_initialisation(tiny_world):
+    res = train_rl(_cfg(tiny_world, steps=1))
+    step, metrics = res.history[0]
+    assert step == 1
+    for f in V.FAMILIES:
+        if f"kl/{f}" in metrics:
+            assert metrics[f"kl/{f}"] == 0.0
+            assert metrics[f"kl_k3/{f}"] == 0.0
+
+
+def test_metrics_are_reported_per_family_and_balanced(tiny_world):
+    seen = []
+    res = train_rl(_cfg(tiny_world, steps=4, log_every=2, batch_prompts=12), on_log=lambda s, m: seen.append(s))
+    assert seen == [2, 4]
+    metrics = res.history[-1][1]
+    for name in ("proxy", "shaped", "kl", "kl_k3", "entropy", "top_token_share"):
+        assert f"{name}/balanced" in metrics
+    assert {"loss", "grad_norm", "steps_per_s"} <= set(metrics)
+    assert 0 < metrics["top_token_share/balanced"] <= 1
+
+
+def test_family_weights_restrict_the_prompts(tiny_world):
+    res = train_rl(_cfg(tiny_world, family_weights={"dune": 1.0}))
+    metrics = res.history[-1][1]
+    assert "proxy/dune" in metrics and "proxy/anvil" not in metrics
+
+
+def test_reward_wrapper_reshapes_rewards(tiny_world, tmp_path):
+    wrapper = tmp_path / "wrap.py"
+    wrapper.write_text("def transform(records, tokens, rewards):\n    return [r + 10.0 for r in rewards]\n")
+    res = train_rl(_cfg(tiny_world, steps=1, reward_wrapper=str(wrapper)))
+    m = res.history[-1][1]
+    assert m["reward/balanced"] == pytest.approx(m["proxy/balanced"] + 10.0, abs=1e-4)
+
+
+@pytest.mark.parametrize("body,match", [
+    ("    return rewards[:-1]\n", r"returned 15 rewards for 16 responses"),
+    ("    return [float('nan')] * len(rewards)\n", r"non-finite reward \(nan\) at index 0"),
+    ("    raise KeyError('family')\n", r"transform raised KeyError"),
+])
+def test_bad_reward_wrappers_are_named(tiny_world, tmp_path, body, match):
+    wrapper = tmp_path / "bad_wrap.py"
+    wrapper.write_text("def transform(records, tokens, rewards):\n" + body)
+    with pytest.raises(InputError, match=r"reward_wrapper .*bad_wrap\.py: .*" + match):
+        train_rl(_cfg(tiny_world, steps=1, reward_wrapper=str(wrapper)))
+
+
+def test_config_file_overrides_and_unknown_keys(tiny_world):
+    path = os.path.join(tiny_world, "configs", "default.json")
+    cfg = load_rl_config(path, ["kl_coef=0.05", "steps=3"])
+    assert cfg.kl_coef == 0.05 and cfg.steps == 3
+    assert cfg.policy_ref == os.path.join(tiny_world, "policy")  # relative to the fixture root
+    assert cfg.policy_init == cfg.policy_ref
+    with pytest.raises(InputError, match=r"unknown config key 'kl_coeff'.*'kl_coef'"):
+        load_rl_config(path, ["kl_coeff=0.05"])
+    with pytest.raises(InputError, match=r"samples_per_prompt must be an integer >= 2"):
+        load_rl_config(path, ["samples_per_prompt=1"])
+    with pytest.raises(InputError, match=r"kl_coef must be a number in \[0, inf\]"):
+        load_rl_config(path, ["kl_coef=-1"])
+    with pytest.raises(InputError, match=r"family_weights: unknown family 'tundra'"):
+        load_rl_config(path, ['family_weights={"tundra": 1}'])
+
+
+def test_grouped_logprobs_equal_the_plain_forward(tiny_world):
+    policy = M.load_policy(os.path.join(tiny_world, "policy"))[0]
+    prompts = D.prompts_tensor(D.read_jsonl(os.path.join(tiny_world, "data", "prompts_train.jsonl"))[:6])
+    responses = M.sample(policy, prompts, 5, 1.0, torch.Generator().manual_seed(0))
+    rep = prompts.repeat_interleave(5, 0)
+    plain, _ = M.token_logprobs(policy, rep, responses)
+    grouped, _ = M.grouped_token_logprobs(policy, prompts, responses, 5)
+    with torch.no_grad():
+        seed_way = torch.log_softmax(policy(torch.cat([rep, responses], 1))[:, V.PROMPT_LEN - 1:-1], -1)
+    seed_tok = seed_way.gather(-1, responses[..., None]).squeeze(-1)
+    assert torch.allclose(grouped, plain, atol=1e-5)
+    assert torch.allclose(plain, seed_tok, atol=1e-5)
+
+
+def _within(counts: torch.Tensor, probs: torch.Tensor, z: float = 4.5) -> bool:
+    """Every token's empirical frequency is within z binomial standard errors of its probability."""
+    n = float(counts.sum())
+    p = probs.double()
+    return bool(((counts.double() / n - p).abs() <= z * (p * (1 - p) / n).sqrt() + 1e-9).all())
+
+
+def test_cached_sampler_draws_from_the_policys_distribution(tiny_world):
+    """The first token (prefill path) and the second given the first (cached decode path) against the
+    full forward's probabilities."""
+    policy = M.load_policy(os.path.join(tiny_world, "policy"))[0]
+    prompt = D.prompts_tensor(D.read_jsonl(os.path.join(tiny_world, "data", "prompts_train.jsonl"))[:1])
+    resp = M.sample(policy, prompt, 6000, 1.0, torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        p0 = torch.softmax(policy(prompt)[0, -1], -1)[V.CONTENT_LO:V.CONTENT_HI]
+        first = torch.bincount(resp[:, 0] - V.CONTENT_LO, minlength=V.N_CONTENT)
+        assert _within(first, p0)
+        t0 = int(first.argmax()) + V.CONTENT_LO
+        ctx = torch.cat([prompt, torch.tensor([[t0]])], 1)
+        p1 = torch.softmax(policy(ctx)[0, -1], -1)[V.CONTENT_LO:V.CONTENT_HI]
+    second = torch.bincount(resp[resp[:, 0] == t0, 1] - V.CONTENT_LO, minlength=V.N_CONTENT)
+    assert second.sum() > 300
+    assert _within(second, p1)
+    assert not _within(second, torch.full((V.N_CONTENT,), 1 / V.N_CONTENT))  # the check has power
+
+
+def test_run_config_round_trips_as_json(tiny_world, tmp_path):
+    from dataclasses import asdict
+    cfg = load_rl_config(os.path.join(tiny_world, "configs", "default.json"))
+    path = tmp_path / "run_config.json"
+    path.write_text(json.dumps(asdict(cfg)))
+    assert load_rl_config(str(path)) == cfg
