@@ -132,6 +132,13 @@ def _prefix(policy: Policy, prompts: torch.Tensor) -> tuple[torch.Tensor, list[t
     return x, kvs
 
 
+def _ffn(blk: Block, x: torch.Tensor) -> torch.Tensor:
+    """The block's feed-forward on ln2(x), called functionally (no module-call overhead in hot loops)."""
+    ff1, ff2 = blk.ff[0], blk.ff[2]
+    h = F.layer_norm(x, blk.ln2.normalized_shape, blk.ln2.weight, blk.ln2.bias, blk.ln2.eps)
+    return F.linear(F.gelu(F.linear(h, ff1.weight, ff1.bias)), ff2.weight, ff2.bias)
+
+
 @torch.no_grad()
 def sample(policy: Policy, prompts: torch.Tensor, n_per_prompt: int = 1, temperature: float = 1.0,
            generator: torch.Generator | None = None) -> torch.Tensor:
@@ -143,38 +150,46 @@ def sample(policy: Policy, prompts: torch.Tensor, n_per_prompt: int = 1, tempera
     B, P = prompts.shape
     n, L = n_per_prompt, policy.cfg["resp_len"]
     N = B * n
-    h, dk = policy.cfg["n_heads"], policy.cfg["d_model"] // policy.cfg["n_heads"]
+    d = policy.cfg["d_model"]
+    h = policy.cfg["n_heads"]
+    dk = d // h
     x, kvs = _prefix(policy, prompts)
+    # cache laid out (position, 2, N, h, dk) so each new position is one contiguous write
     caches = []
     for k, v in kvs:
-        kv = torch.empty(2, N, h, P + L, dk)  # keys, values for every position
-        kv[0, :, :, :P] = k.repeat_interleave(n, 0)
-        kv[1, :, :, :P] = v.repeat_interleave(n, 0)
+        kv = torch.empty(P + L, 2, N, h, dk)
+        kv[:P, 0] = k.repeat_interleave(n, 0).permute(2, 0, 1, 3)
+        kv[:P, 1] = v.repeat_interleave(n, 0).permute(2, 0, 1, 3)
         caches.append(kv)
     last = policy.ln(x[:, -1]).repeat_interleave(n, 0)  # (N, d)
     out = torch.empty(N, L, dtype=torch.long)
     inv_temp = 1.0 / max(temperature, 1e-6)
     scale = 1.0 / math.sqrt(dk)
+    head_w = policy.head.weight[V.CONTENT_LO:V.CONTENT_HI] * inv_temp  # (C, d), temperature folded in
+    tok_w, pos_w = policy.tok.weight, policy.pos.weight
+    uniforms = torch.rand(L, N, 1, generator=generator)
     for t in range(L):
-        probs = torch.softmax(policy.content_logits(last) * inv_temp, dim=-1)  # (N, C)
-        u = torch.rand(N, 1, generator=generator)
+        probs = torch.softmax(F.linear(last, head_w), dim=-1)  # (N, C)
+        cdf = probs.cumsum(-1)
         # inverse-CDF draw: one uniform per row, cheaper than multinomial's exponential race
-        idx = (probs.cumsum(-1) < u * probs.sum(-1, keepdim=True)).sum(-1).clamp_(max=probs.shape[1] - 1)
-        out[:, t] = idx + V.CONTENT_LO
+        idx = (cdf < uniforms[t] * cdf[:, -1:]).sum(-1).clamp_(max=V.N_CONTENT - 1) + V.CONTENT_LO
+        out[:, t] = idx
         if t == L - 1:
             break
-        x = policy.tok(out[:, t]) + policy.pos.weight[P + t]  # (N, d)
+        x = tok_w[idx] + pos_w[P + t]  # (N, d)
         S = P + t + 1
         for blk, kv in zip(policy.blocks, caches):
-            qkv = blk.attn.qkv(blk.ln1(x)).view(N, 3, h, dk)
-            kv[0, :, :, S - 1] = qkv[:, 1]
-            kv[1, :, :, S - 1] = qkv[:, 2]
+            a = blk.attn
+            hx = F.layer_norm(x, blk.ln1.normalized_shape, blk.ln1.weight, blk.ln1.bias, blk.ln1.eps)
+            qkv = F.linear(hx, a.qkv.weight, a.qkv.bias).view(N, 3, h, dk)
+            kv[S - 1] = qkv[:, 1:].transpose(0, 1)
+            q = qkv[:, 0] * scale
             # one query per row against S cached keys: elementwise products beat batched matmuls here
-            w = ((kv[0, :, :, :S] * qkv[:, 0, :, None]).sum(-1) * scale).softmax(-1)  # (N, h, S)
-            a = (w[..., None] * kv[1, :, :, :S]).sum(2)  # (N, h, dk)
-            x = x + blk.attn.out(a.reshape(N, h * dk))
-            x = x + blk.ff(blk.ln2(x))
-        last = policy.ln(x)
+            w = (kv[:S, 0] * q).sum(-1).softmax(0)  # (S, N, h)
+            att = (w[..., None] * kv[:S, 1]).sum(0)  # (N, h, dk)
+            x = x + F.linear(att.reshape(N, d), a.out.weight, a.out.bias)
+            x = x + _ffn(blk, x)
+        last = F.layer_norm(x, policy.ln.normalized_shape, policy.ln.weight, policy.ln.bias, policy.ln.eps)
     return out
 
 

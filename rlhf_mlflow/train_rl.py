@@ -160,7 +160,7 @@ def train_rl(cfg: RLConfig, on_log: Callable[[int, dict], None] | None = None,
     rm = freeze(R.load_rm(cfg.reward_model)[0])
     sampler = D.PromptSampler(D.read_jsonl(cfg.prompt_file), cfg.family_weights)
     wrap = wrapper or load_wrapper(cfg.reward_wrapper)
-    opt = torch.optim.Adam(policy.parameters(), lr=cfg.lr, foreach=True)
+    opt = torch.optim.Adam(policy.parameters(), lr=cfg.lr, fused=True)
     params = [p for p in policy.parameters()]
     G, B, beta = cfg.samples_per_prompt, cfg.batch_prompts, cfg.kl_coef
     acc = FamilyAccumulator(METRICS)

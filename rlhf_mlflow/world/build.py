@@ -30,7 +30,7 @@ from .reference import confusion_tables, demonstrations, demonstrator_distributi
 from .truth import Truth
 
 log = logging.getLogger(__name__)
-BUILDER_VERSION = "1"
+BUILDER_VERSION = "2"
 PILOT_MIX = {"anvil": 444, "birch": 458, "cobalt": 433, "dune": 48, "ember": 195, "fjord": 422}
 DEFAULT_RL = {"policy_init": None, "policy_ref": "policy", "reward_model": "reward_model",
               "prompt_file": "data/prompts_train.jsonl", "family_weights": None, "kl_coef": 0.1, "steps": 800,
