@@ -44,65 +44,151 @@ def cli():
 @click.option("--out", default=None, help="Output directory (default: worlds/<hash>, reused when it exists).")
 def build_world_cmd(seed, spec, scale, out):
     """Build (or reuse) a synthetic world with a hidden truth."""
+    from .tracking import runs as T
     from .world import corruptions as C
     from .world.build import build_world, ensure_world
     rules = C.load_spec(spec)
-    if out:
-        manifest = build_world(out, seed, rules, scale, progress=click.echo)
-        path = out
-    else:
-        path, manifest = ensure_world(DEFAULT_WORLDS, seed, rules, scale, progress=click.echo)
+    with T.tracked_run("build_world", {"seed": seed, "spec": rules, "scale": scale}):
+        if out:
+            manifest = build_world(out, seed, rules, scale, progress=click.echo)
+            path = out
+        else:
+            path, manifest = ensure_world(DEFAULT_WORLDS, seed, rules, scale, progress=click.echo)
+        T.log_params({"world_hash": manifest["world_hash"], "world": os.path.abspath(path)})
+        T.log_json_artifact({k: v for k, v in manifest.items()}, "manifest.json")
+        T.log_metrics({f"timing/{k}": v for k, v in manifest["timings"].items()})
+        for rel, context in (("data/prompts_train.jsonl", "train"), ("data/prompts_dev.jsonl", "dev"),
+                             ("data/gold_calib.jsonl", "gold"), ("reward_model/train.jsonl", "qa")):
+            T.log_jsonl_input(os.path.join(path, rel), context)
     click.echo(json.dumps({"world": os.path.abspath(path), "world_hash": manifest["world_hash"],
                            "timings": manifest["timings"]}, indent=1))
 
 
-@cli.command("train-rl")
-@click.option("--config", "config_path", default=None, help="JSON recipe (e.g. <world>/configs/default.json).")
-@click.option("--override", "overrides", multiple=True, help="key=value, repeatable; value parsed as JSON.")
-@click.option("--out", required=True, help="Output directory for the checkpoint, run_config.json and log.jsonl.")
-def train_rl_cmd(config_path, overrides, out):
-    """KL-regularised REINFORCE against a reward model."""
-    from . import model as M
+def _world_dir(world: str | None) -> str:
+    """The given world, or the default world (seed 0, default spec), built once on first use."""
+    if world:
+        if not os.path.isdir(world):
+            raise InputError(f"{world}: no such world directory")
+        return world
+    from .world.build import ensure_world
+    return ensure_world(DEFAULT_WORLDS, progress=click.echo)[0]
+
+
+def _rl_options(fn):
+    """One click option per RLConfig field, same name (dashes for underscores), type and default."""
+    import dataclasses
+    from .train_rl import RLConfig
+    for f in reversed(dataclasses.fields(RLConfig)):
+        default = "" if f.default is None else f.default
+        if f.name == "family_weights":
+            default, kind = "", str
+        else:
+            kind = type(default)
+        fn = click.option(f"--{f.name.replace('_', '-')}", f.name, type=kind, default=default,
+                          show_default=True, help=_FIELD_HELP[f.name])(fn)
+    return fn
+
+
+_FIELD_HELP = {
+    "policy_init": "Start checkpoint (default: policy_ref).", "policy_ref": "Reference policy directory.",
+    "reward_model": "Reward-model directory.", "prompt_file": "Prompt records JSONL.",
+    "family_weights": 'JSON mapping family -> weight, e.g. \'{"dune": 0}\' (default: uniform).',
+    "kl_coef": "beta in R - beta * KL.", "steps": "Optimiser steps.", "batch_prompts": "Prompts per step.",
+    "samples_per_prompt": "Samples per prompt (>= 2).", "lr": "Adam learning rate.",
+    "temperature": "Sampling temperature.", "seed": "Seed.", "log_every": "Metrics every N steps.",
+    "save_every": "Checkpoint every N steps (0: final only).",
+    "reward_wrapper": "Python file with transform(records, response_tokens, rewards).",
+    "max_grad_norm": "Gradient-norm clip.",
+}
+
+
+def _rl_config(ctx, world_dir, config_path, overrides, options):
+    """Precedence: explicit options > --override > config file > defaults. Relative paths in options
+    resolve against the world directory (where the defaults point), in --override against the cwd."""
+    from click.core import ParameterSource
+
     from .rl_config_io import load_rl_config
-    from .train_rl import train_rl
-    from dataclasses import asdict
-    cfg = load_rl_config(config_path, list(overrides))
-    os.makedirs(out, exist_ok=True)
-    with open(os.path.join(out, "run_config.json"), "w") as f:
-        json.dump(asdict(cfg), f, indent=1)
-    with open(os.path.join(out, "log.jsonl"), "w") as logf:
-        def on_log(step, metrics):
-            logf.write(json.dumps({"step": step, **metrics}) + "\n")
-            logf.flush()
-            click.echo(f"step {step}: proxy {metrics['proxy/balanced']:.3f} kl {metrics['kl/balanced']:.3f} "
-                       f"({metrics['steps_per_s']:.1f} steps/s)", err=True)
+    from .train_rl import PATH_KEYS
+    explicit = []
+    for name, value in options.items():
+        if ctx.get_parameter_source(name) == ParameterSource.DEFAULT:
+            continue
+        if name in ("family_weights", "reward_wrapper", "policy_init") and value == "":
+            value = None
+        elif name == "family_weights":
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError as e:
+                raise InputError(f"--family-weights: not valid JSON ({e.msg}): {value!r}") from None
+        elif name in PATH_KEYS and not os.path.isabs(value) and world_dir:
+            value = os.path.join(world_dir, value)
+        explicit.append(f"{name}={json.dumps(value)}")
+    base = config_path or os.path.join(world_dir, "configs", "default.json")
+    return load_rl_config(base, list(overrides) + explicit, root=None if config_path else world_dir)
 
-        def on_checkpoint(step, policy):
-            M.save_policy(policy, policy.cfg, os.path.join(out, f"step_{step}"))
 
-        result = train_rl(cfg, on_log=on_log, on_checkpoint=on_checkpoint)
-    M.save_policy(result.policy, result.policy_config, out)
-    click.echo(json.dumps({"out": os.path.abspath(out), "seconds": round(result.seconds, 1),
-                           **result.history[-1][1]}, indent=1))
+@cli.command("train-rl")
+@click.option("--world", default=None, help="World directory (default: the default world, built on first use).")
+@click.option("--config", "config_path", default=None, help="JSON recipe (default: <world>/configs/default.json).")
+@click.option("--override", "overrides", multiple=True, help="key=value, repeatable; value parsed as JSON.")
+@_rl_options
+@click.option("--out", default=None, help="Also write the checkpoint, run_config.json and log.jsonl here.")
+@click.option("--run-name", default=None, help="MLflow run name (default: kl<kl_coef>-s<steps>).")
+@click.option("--register/--no-register", default=True, show_default=True,
+              help="Register the final policy as a new version of rlhf-policy.")
+@click.pass_context
+def train_rl_cmd(ctx, world, config_path, overrides, out, run_name, register, **options):
+    """KL-regularised REINFORCE against a reward model, as an MLflow run."""
+    from .rl_run import run_train_rl
+    world_dir = _world_dir(world) if not config_path else world
+    cfg = _rl_config(ctx, world_dir, config_path, overrides, options)
+    summary = run_train_rl(cfg, world_dir=world_dir, out=out, run_name=run_name, register=register,
+                           echo=lambda m: click.echo(m, err=True))
+    click.echo(json.dumps(summary, indent=1))
+
+
+def _world_file(world_dir: str | None, given: str | None, *rel: str) -> str:
+    if given:
+        return given
+    if not world_dir:
+        raise InputError(f"give --{rel[-1].split('.')[0].replace('_', '-')} or --world")
+    return os.path.join(world_dir, *rel)
 
 
 @cli.command("dev-eval")
-@click.option("--policy", required=True, help="Policy checkpoint directory.")
-@click.option("--policy-ref", required=True, help="Reference policy directory.")
-@click.option("--reward-model", required=True, help="Reward-model directory.")
-@click.option("--prompts", required=True, help="Dev prompts JSONL.")
-@click.option("--gold", default=None, help="Expert gold JSONL (for rm_gold_pearson).")
+@click.option("--policy", required=True, help="Policy checkpoint directory or a models:/ URI.")
+@click.option("--world", default=None, help="World whose files fill the options below (default: the default world).")
+@click.option("--policy-ref", default=None, help="Reference policy directory (default: <world>/policy).")
+@click.option("--reward-model", default=None, help="Reward-model directory (default: <world>/reward_model).")
+@click.option("--prompts", default=None, help="Dev prompts JSONL (default: <world>/data/prompts_dev.jsonl).")
+@click.option("--gold", default=None, help="Expert gold JSONL (default: <world>/data/gold_calib.jsonl).")
 @click.option("--n", type=int, default=1, show_default=True, help="Samples per prompt.")
-@click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--out", default=None, help="Write the metrics JSON here.")
-def dev_eval_cmd(policy, policy_ref, reward_model, prompts, gold, n, seed, out):
-    """The seed's dev evaluation, plus per family."""
+@click.option("--seed", type=int, default=0, show_default=True, help="Sampling seed.")
+@click.option("--out", default=None, help="Also write the metrics JSON here.")
+def dev_eval_cmd(policy, world, policy_ref, reward_model, prompts, gold, n, seed, out):
+    """The seed's dev evaluation, plus per family, as an MLflow run linked to the policy's model."""
     from . import data as D
     from . import model as M
     from . import reward_model as R
     from .evaluate import dev_eval
-    res = dev_eval(M.load_policy(policy)[0], M.load_policy(policy_ref)[0], R.load_rm(reward_model)[0],
-                   D.read_jsonl(prompts), D.read_jsonl(gold, labelled=True) if gold else None, n, seed)
+    from .figures import family_bars
+    from .tracking import runs as T
+    from .tracking.policy_model import resolve_policy
+    world_dir = None if (policy_ref and reward_model and prompts) else _world_dir(world)
+    policy_ref = _world_file(world_dir, policy_ref, "policy")
+    reward_model = _world_file(world_dir, reward_model, "reward_model")
+    prompts = _world_file(world_dir, prompts, "data", "prompts_dev.jsonl")
+    gold = gold or (os.path.join(world_dir, "data", "gold_calib.jsonl") if world_dir else None)
+    params = {"policy": policy, "policy_ref": policy_ref, "reward_model": reward_model, "prompts": prompts,
+              "gold": gold, "n": n, "seed": seed}
+    with T.tracked_run("dev_eval", params):
+        policy_dir, model_id = resolve_policy(policy)
+        T.log_jsonl_input(prompts, "dev")
+        res = dev_eval(M.load_policy(policy_dir)[0], M.load_policy(policy_ref)[0], R.load_rm(reward_model)[0],
+                       D.read_jsonl(prompts), D.read_jsonl(gold, labelled=True) if gold else None, n, seed)
+        T.log_metrics(res.metrics, model_id=model_id)
+        T.log_figure(family_bars(res.metrics, title=f"dev_eval: {policy}"), "figures/dev_eval_families.png")
+        T.log_json_artifact(res.metrics, "dev_eval.json")
     text = json.dumps(res.metrics, indent=1)
     if out:
         with open(out, "w") as f:
@@ -119,15 +205,26 @@ def dev_eval_cmd(policy, policy_ref, reward_model, prompts, gold, n, seed, out):
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--out", default=None, help="Write the chosen samples here (JSONL).")
 def bon_cmd(policy, reward_model, prompts, n, limit, seed, out):
-    """Best-of-N selection against a reward model."""
+    """Best-of-N selection against a reward model, as an MLflow run."""
+    import tempfile
+
     from . import data as D
     from . import model as M
     from . import reward_model as R
     from .bon import best_of_n
-    recs = D.read_jsonl(prompts)[:limit]
-    samples, metrics = best_of_n(M.load_policy(policy)[0], R.load_rm(reward_model)[0], recs, n, seed=seed)
-    if out:
-        D.write_jsonl(out, samples)
+    from .tracking import runs as T
+    from .tracking.policy_model import resolve_policy
+    params = {"policy": policy, "reward_model": reward_model, "prompts": prompts, "n": n, "limit": limit,
+              "seed": seed}
+    with T.tracked_run("bon", params), tempfile.TemporaryDirectory() as tmp:
+        policy_dir, model_id = resolve_policy(policy)
+        recs = D.read_jsonl(prompts)[:limit]
+        T.log_jsonl_input(prompts, "prompts")
+        samples, metrics = best_of_n(M.load_policy(policy_dir)[0], R.load_rm(reward_model)[0], recs, n, seed=seed)
+        path = out or os.path.join(tmp, "samples.jsonl")
+        D.write_jsonl(path, samples)
+        T.log_artifact(path, "samples")
+        T.log_metrics(metrics, model_id=model_id)
     click.echo(json.dumps(metrics, indent=1))
 
 
@@ -139,13 +236,33 @@ def bon_cmd(policy, reward_model, prompts, n, limit, seed, out):
 @click.option("--batch-size", type=int, default=128, show_default=True)
 @click.option("--lr-schedule", type=click.Choice(["constant", "cosine"]), default="constant", show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
-def train_rm_cmd(data_path, out, epochs, lr, batch_size, lr_schedule, seed):
-    """Train a reward model on labelled records (MSE)."""
+@click.option("--gold", default=None, help="Expert gold JSONL: also report per-family agreement with it.")
+def train_rm_cmd(data_path, out, epochs, lr, batch_size, lr_schedule, seed, gold):
+    """Train a reward model on labelled records (MSE), as an MLflow run."""
+    from dataclasses import asdict
+
     from . import data as D
     from . import reward_model as R
-    from .train_rm import RMConfig, train_rm
+    from .tracking import runs as T
+    from .train_rm import RMConfig, per_family_fit, train_rm
     cfg = RMConfig(epochs=epochs, lr=lr, batch_size=batch_size, lr_schedule=lr_schedule, seed=seed)
-    rm, info = train_rm(D.read_jsonl(data_path, labelled=True), cfg,
-                        on_log=lambda e, m: click.echo(f"epoch {e}: loss {m['loss']:.4f}", err=True))
-    R.save_rm(rm, info["config"], out)
+    with T.tracked_run("train_rm", {**asdict(cfg), "data": data_path, "gold": gold}):
+        records = D.read_jsonl(data_path, labelled=True)
+        T.log_jsonl_input(data_path, "training")
+        logger = T.MetricLogger()
+
+        def on_log(epoch, m):
+            logger(epoch, m)
+            click.echo(f"epoch {epoch}: loss {m['loss']:.4f}", err=True)
+
+        rm, info = train_rm(records, cfg, on_log=on_log)
+        R.save_rm(rm, info["config"], out)
+        metrics = {f"label_pearson/{f}": v["pearson"] for f, v in info["fit"].items()}
+        if gold:
+            gold_recs = D.read_jsonl(gold, labelled=True)
+            scores = R.score(rm, D.prompts_tensor(gold_recs), D.responses_tensor(gold_recs))
+            fit = per_family_fit(scores, D.labels_tensor(gold_recs), D.family_index(gold_recs))
+            metrics.update({f"gold_pearson/{f}": v["pearson"] for f, v in fit.items()})
+        T.log_metrics(metrics)
+        T.log_artifact(out, "reward_model")
     click.echo(json.dumps({"out": os.path.abspath(out), "fit": info["fit"]}, indent=1))

@@ -19,8 +19,14 @@ def tiny_world(tmp_path_factory) -> str:
     return path
 
 
-@pytest.fixture
+@pytest.fixture(autouse=True)
 def tracking_uri(tmp_path, monkeypatch) -> str:
+    """Every test gets its own real sqlite tracking store (and artifact root) under tmp_path."""
+    import mlflow
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
-    return uri
+    monkeypatch.chdir(tmp_path)  # MLflow's default artifact root ./mlruns lands in tmp_path too
+    mlflow.set_tracking_uri(uri)
+    yield uri
+    while mlflow.active_run():
+        mlflow.end_run()

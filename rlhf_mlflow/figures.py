@@ -1,0 +1,45 @@
+"""Figures a person would rather look at than read: per-family curves and bars (matplotlib only)."""
+from __future__ import annotations
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from . import vocab as V  # noqa: E402
+
+
+def family_curves(history: list[tuple[int, dict]], names=("proxy", "kl", "top_token_share", "entropy")):
+    """One panel per metric, one line per family (balanced dashed)."""
+    fig, axes = plt.subplots(1, len(names), figsize=(4.2 * len(names), 3.4))
+    steps = [s for s, _ in history]
+    for ax, name in zip(axes, names):
+        for f in V.FAMILIES + ["balanced"]:
+            key = f"{name}/{f}"
+            ys = [m.get(key) for _, m in history]
+            if all(y is not None for y in ys):
+                ax.plot(steps, ys, label=f, linestyle="--" if f == "balanced" else "-",
+                        color="black" if f == "balanced" else None)
+        ax.set_title(name)
+        ax.set_xlabel("step")
+    axes[0].legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def family_bars(metrics: dict, names=("proxy", "kl"), title: str = ""):
+    """Per-family bars of `<name>/<family>` values."""
+    fig, axes = plt.subplots(1, len(names), figsize=(4.2 * len(names), 3.2))
+    for ax, name in zip(axes, names):
+        fams = [f for f in V.FAMILIES if f"{name}/{f}" in metrics]
+        ax.bar(fams, [metrics[f"{name}/{f}"] for f in fams], color="tab:blue")
+        if f"{name}/balanced" in metrics:
+            ax.axhline(metrics[f"{name}/balanced"], color="black", linestyle="--", label="balanced")
+        if f"{name}/pilot" in metrics:
+            ax.axhline(metrics[f"{name}/pilot"], color="tab:red", linestyle=":", label="pilot")
+        ax.set_title(name)
+        ax.tick_params(axis="x", rotation=45)
+        ax.legend(fontsize=7)
+    fig.suptitle(title)
+    fig.tight_layout()
+    return fig

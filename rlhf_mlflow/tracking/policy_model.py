@@ -1,0 +1,72 @@
+"""The policy as an MLflow pyfunc model: prompt records in, sampled responses and log-probs out.
+
+The checkpoint travels inside the model as safetensors + config.json; the library code travels
+with it (code_paths), so `mlflow.pyfunc.load_model` works wherever torch is installed.
+"""
+from __future__ import annotations
+
+import os
+
+import mlflow
+import pandas as pd
+from mlflow.models import infer_signature
+
+REGISTERED_MODEL = "rlhf-policy"
+PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+MODEL_CODE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "policy_pyfunc.py")
+
+
+def generate(policy, frame: pd.DataFrame, temperature: float = 1.0, seed: int = 0) -> pd.DataFrame:
+    import torch
+
+    from rlhf_mlflow import data as D
+    from rlhf_mlflow import model as M
+    from rlhf_mlflow import vocab as V
+    records = [{"id": str(r["id"]), "family": r["family"], "attrs": [int(a) for a in r["attrs"]]}
+               for r in frame.to_dict("records")]
+    for i, r in enumerate(records):
+        D._check_record(r, f"model input row {i}", None)
+    prompts = D.prompts_tensor(records)
+    responses = M.sample(policy, prompts, 1, float(temperature), torch.Generator().manual_seed(int(seed)))
+    logprobs = M.sequence_logprobs(policy, prompts, responses)
+    return pd.DataFrame({"id": [r["id"] for r in records], "family": [r["family"] for r in records],
+                         "response": [" ".join(V.decode_response(y)) for y in responses.tolist()],
+                         "logprob": logprobs.tolist()})
+
+
+def log_policy(policy_dir: str, registered: bool = True, tags: dict | None = None):
+    """Log a policy checkpoint as a pyfunc model in the active run; register it as a new version of
+    `rlhf-policy` when `registered`. Returns (ModelInfo, ModelVersion or None)."""
+    from rlhf_mlflow import model as M
+    policy, _ = M.load_policy(policy_dir)
+    example = pd.DataFrame({"id": ["ex-0", "ex-1"], "family": ["anvil", "dune"], "attrs": [[0, 1, 2, 3], [7, 6, 5, 4]]})
+    signature = infer_signature(example, generate(policy, example), params={"temperature": 1.0, "seed": 0})
+    info = mlflow.pyfunc.log_model(
+        # models from code: the model is defined by a source file, so loading it unpickles nothing
+        name="policy", python_model=MODEL_CODE, artifacts={"policy": policy_dir},
+        code_paths=[PACKAGE_DIR], signature=signature, input_example=example,
+        pip_requirements=["torch==2.13.0", "safetensors", "numpy", "pandas"],
+        registered_model_name=REGISTERED_MODEL if registered else None, tags=tags)
+    version = None
+    if registered:
+        client = mlflow.MlflowClient()
+        version = client.get_model_version(REGISTERED_MODEL, str(info.registered_model_version))
+        for k, v in (tags or {}).items():
+            client.set_model_version_tag(REGISTERED_MODEL, version.version, k, str(v))
+    return info, version
+
+
+def resolve_policy(policy: str) -> tuple[str, str | None]:
+    """A checkpoint directory, or a models:/ or runs:/ URI of a logged policy -> (local checkpoint
+    directory, the LoggedModel id or None)."""
+    if "://" not in policy and not policy.startswith("models:/"):
+        return policy, None
+    from rlhf_mlflow.errors import InputError
+    try:
+        info = mlflow.models.get_model_info(policy)
+        local = mlflow.artifacts.download_artifacts(policy)
+    except Exception as e:
+        raise InputError(f"{policy}: cannot resolve the model ({type(e).__name__}: {str(e).splitlines()[0]})") from None
+    return os.path.join(local, "artifacts", "policy"), info.model_id

@@ -1,0 +1,109 @@
+"""MLflow runs for the pipeline's steps: start, log, and always end (FAILED on any error)."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import mlflow
+
+EXPERIMENT = "rlhf_mlflow"
+MAX_PARAM = 6000
+
+
+def _param_value(v) -> str:
+    s = v if isinstance(v, str) else json.dumps(v)
+    return s if len(s) <= MAX_PARAM else s[:MAX_PARAM - 3] + "..."
+
+
+def _ensure_experiment() -> None:
+    # under `mlflow run` the run (and so its experiment) is chosen by the launcher
+    if not os.environ.get("MLFLOW_RUN_ID") and not mlflow.active_run():
+        mlflow.set_experiment(os.environ.get("MLFLOW_EXPERIMENT_NAME", EXPERIMENT))
+
+
+@contextmanager
+def tracked_run(step: str, params: dict | None = None, tags: dict | None = None,
+                description: str | None = None, run_name: str | None = None,
+                nested: bool = False) -> Iterator[mlflow.ActiveRun]:
+    """An MLflow run for one pipeline step; marked FAILED (and re-raised) if the body raises."""
+    _ensure_experiment()
+    run = mlflow.start_run(run_name=run_name, description=description, nested=nested,
+                           tags={"rlhf.step": step, **(tags or {})})
+    try:
+        if params:
+            log_params(params)
+        yield run
+    except BaseException:
+        mlflow.end_run(status="FAILED")
+        raise
+    mlflow.end_run(status="FINISHED")
+
+
+def log_params(params: dict) -> None:
+    """Log params; a key already logged with another value (under `mlflow run` the launcher logs the
+    raw MLproject values first) is logged resolved as `resolved.<key>` instead of failing."""
+    run = mlflow.active_run()
+    existing = mlflow.get_run(run.info.run_id).data.params if run else {}
+    out = {}
+    for k, v in params.items():
+        if v is None:
+            continue
+        value = _param_value(v)
+        if k not in existing:
+            out[k] = value
+        elif existing[k] != value:
+            out[f"resolved.{k}"] = value
+    if out:
+        mlflow.log_params(out)
+
+
+class MetricLogger:
+    """An `on_log(step, metrics)` callback that logs asynchronously (a synchronous call costs ~20 ms
+    on sqlite; the training loop must not wait for it)."""
+
+    def __init__(self, prefix: str = ""):
+        self.prefix = prefix
+
+    def __call__(self, step: int, metrics: dict) -> None:
+        mlflow.log_metrics({self.prefix + k: float(v) for k, v in metrics.items()}, step=step,
+                           synchronous=False)
+
+
+def log_metrics(metrics: dict, step: int | None = None, model_id: str | None = None) -> None:
+    mlflow.log_metrics({k: float(v) for k, v in metrics.items()}, step=step, model_id=model_id)
+
+
+def file_sha256(path: str) -> str:
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def log_jsonl_input(path: str, context: str) -> None:
+    """Record a JSONL file the run read as an MLflow dataset input (name, digest, source)."""
+    import pandas as pd
+    df = pd.read_json(path, lines=True)
+    ds = mlflow.data.from_pandas(df, source=os.path.abspath(path), name=os.path.basename(path))
+    mlflow.log_input(ds, context=context)
+
+
+def log_json_artifact(obj, name: str, artifact_path: str | None = None) -> None:
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, name)
+        with open(path, "w") as f:
+            json.dump(obj, f, indent=1)
+        mlflow.log_artifact(path, artifact_path)
+
+
+def log_artifact(path: str, artifact_path: str | None = None) -> None:
+    if os.path.isdir(path):
+        mlflow.log_artifacts(path, artifact_path)
+    else:
+        mlflow.log_artifact(path, artifact_path)
+
+
+def log_figure(fig, name: str) -> None:
+    mlflow.log_figure(fig, name)

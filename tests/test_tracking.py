@@ -1,0 +1,124 @@
+"""Each step as a real MLflow run on a real sqlite store: logged keys, registry, failures, agreement."""
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import mlflow
+import pandas as pd
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from rlhf_mlflow.cli import cli
+from rlhf_mlflow.train_rl import RLConfig
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _run(*args):
+    return CliRunner().invoke(cli, [str(a) for a in args], catch_exceptions=False)
+
+
+def _runs(step):
+    return mlflow.search_runs(search_all_experiments=True, filter_string=f"tags.`rlhf.step` = '{step}'",
+                              output_format="list")
+
+
+def test_train_rl_run_logs_family_curves_checkpoints_and_registers(tiny_world):
+    res = _run("train-rl", "--world", tiny_world, "--steps", 6, "--log-every", 2, "--save-every", 3,
+               "--batch-prompts", 6, "--samples-per-prompt", 4, "--run-name", "tiny")
+    assert res.exit_code == 0, res.output
+    (run,) = _runs("train_rl")
+    assert run.info.status == "FINISHED"
+    client = mlflow.MlflowClient()
+    hist = client.get_metric_history(run.info.run_id, "kl/balanced")
+    assert [m.step for m in hist] == [2, 4, 6]
+    for key in ("proxy/balanced", "kl_k3/ember", "entropy/anvil", "top_token_share/fjord", "shaped/balanced",
+                "loss", "grad_norm", "steps_per_s"):
+        assert key in run.data.metrics, key
+    assert run.data.params["kl_coef"] == "0.1" and run.data.params["steps"] == "6"
+    assert len(run.data.params["world_hash"]) == 16
+    arts = {a.path for a in client.list_artifacts(run.info.run_id, "checkpoints")}
+    assert arts == {"checkpoints/final", "checkpoints/step_3"}
+    final = {a.path for a in client.list_artifacts(run.info.run_id, "checkpoints/final")}
+    assert "checkpoints/final/policy.safetensors" in final
+    assert any(a.path.endswith(".png") for a in client.list_artifacts(run.info.run_id, "figures"))
+    assert run.inputs.dataset_inputs and run.inputs.dataset_inputs[0].dataset.name == "prompts_train.jsonl"
+
+    version = client.get_model_version("rlhf-policy", "1")
+    assert version.tags["run_id"] == run.info.run_id and version.tags["recipe"] == "tiny"
+    assert version.tags["world_hash"] == run.data.params["world_hash"]
+    model = mlflow.pyfunc.load_model("models:/rlhf-policy/1")
+    out = model.predict(pd.DataFrame({"id": ["a", "b"], "family": ["dune", "anvil"], "attrs": [[1, 2, 3, 4], [0] * 4]}))
+    assert list(out.columns) == ["id", "family", "response", "logprob"]
+    assert all(len(r.split()) == 8 for r in out["response"]) and (out["logprob"] < 0).all()
+
+
+def test_dev_eval_links_metrics_to_the_model(tiny_world):
+    assert _run("train-rl", "--world", tiny_world, "--steps", 2, "--batch-prompts", 4,
+                "--samples-per-prompt", 2).exit_code == 0
+    res = _run("dev-eval", "--policy", "models:/rlhf-policy/1", "--world", tiny_world)
+    assert res.exit_code == 0, res.output
+    (run,) = _runs("dev_eval")
+    assert {"proxy_mean", "kl_mean", "rm_gold_pearson", "proxy/dune", "proxy/pilot", "kl/balanced"} <= set(
+        run.data.metrics)
+    model_id = mlflow.models.get_model_info("models:/rlhf-policy/1").model_id
+    logged = mlflow.get_logged_model(model_id)
+    assert {m.key for m in logged.metrics} >= {"proxy_mean", "kl/balanced"}
+
+
+def test_a_failing_run_is_marked_failed_and_registers_nothing(tiny_world, tmp_path):
+    wrapper = tmp_path / "bad.py"
+    wrapper.write_text("def transform(records, tokens, rewards):\n    return rewards[:-1]\n")
+    res = _run("train-rl", "--world", tiny_world, "--steps", 2, "--reward-wrapper", wrapper)
+    assert res.exit_code == 1
+    assert res.output.strip().splitlines()[-1].startswith("Error: reward_wrapper")
+    (run,) = _runs("train_rl")
+    assert run.info.status == "FAILED"
+    assert not mlflow.MlflowClient().search_registered_models()
+
+
+def test_bad_parameter_fails_before_any_run(tiny_world):
+    res = _run("train-rl", "--world", tiny_world, "--kl-coef", -1)
+    assert res.exit_code == 1 and "kl_coef must be a number in [0, inf]" in res.output
+    assert not [r for r in _runs("train_rl") if r.info.status == "RUNNING"]
+
+
+def test_train_rm_and_bon_runs(tiny_world, tmp_path):
+    res = _run("train-rm", "--data", os.path.join(tiny_world, "reward_model", "train.jsonl"), "--epochs", 2,
+               "--out", tmp_path / "rm", "--gold", os.path.join(tiny_world, "data", "gold_calib.jsonl"))
+    assert res.exit_code == 0, res.output
+    (run,) = _runs("train_rm")
+    assert len(mlflow.MlflowClient().get_metric_history(run.info.run_id, "loss")) == 2
+    assert "gold_pearson/dune" in run.data.metrics and "label_pearson/anvil" in run.data.metrics
+    res = _run("bon", "--policy", os.path.join(tiny_world, "policy"), "--reward-model", tmp_path / "rm",
+               "--prompts", os.path.join(tiny_world, "data", "prompts_dev.jsonl"), "--n", 3, "--limit", 5)
+    assert res.exit_code == 0, res.output
+    (run,) = _runs("bon")
+    assert "bon_proxy/balanced" in run.data.metrics
+    assert [a.path for a in mlflow.MlflowClient().list_artifacts(run.info.run_id, "samples")] == [
+        "samples/samples.jsonl"]
+
+
+def test_mlproject_click_and_config_agree():
+    with open(os.path.join(ROOT, "MLproject")) as f:
+        project = yaml.safe_load(f)
+    params = project["entry_points"]["train_rl"]["parameters"]
+    command = cli.commands["train-rl"]
+    options = {p.name: p for p in command.params}
+    mltype = {int: "int", float: "float", str: "string"}
+    for field in dataclasses.fields(RLConfig):
+        default = "" if field.default is None else field.default
+        assert field.name in params, field.name
+        assert field.name in options, field.name
+        assert params[field.name]["default"] == default, field.name
+        assert options[field.name].default == default, field.name
+        kind = str if field.name == "family_weights" else type(default)
+        assert params[field.name]["type"] == mltype[kind], field.name
+        assert f"--{field.name.replace('_', '-')} {{{field.name}}}" in project["entry_points"]["train_rl"]["command"]
+    for name, spec in project["entry_points"].items():
+        cmd = cli.commands[name.replace("_", "-")]
+        names = {p.name for p in cmd.params}
+        for pname in spec["parameters"]:
+            assert pname in names or (pname == "data" and "data_path" in names), (name, pname)
