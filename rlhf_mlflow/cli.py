@@ -256,6 +256,7 @@ def train_rm_cmd(data_path, out, epochs, lr, batch_size, lr_schedule, seed, gold
             click.echo(f"epoch {epoch}: loss {m['loss']:.4f}", err=True)
 
         rm, info = train_rm(records, cfg, on_log=on_log)
+        logger.flush()
         R.save_rm(rm, info["config"], out)
         metrics = {f"label_pearson/{f}": v["pearson"] for f, v in info["fit"].items()}
         if gold:
@@ -266,3 +267,45 @@ def train_rm_cmd(data_path, out, epochs, lr, batch_size, lr_schedule, seed, gold
         T.log_metrics(metrics)
         T.log_artifact(out, "reward_model")
     click.echo(json.dumps({"out": os.path.abspath(out), "fit": info["fit"]}, indent=1))
+
+
+@cli.command("runs")
+@click.option("--step", default="train_rl", show_default=True, help="Pipeline step (train_rl, dev_eval, ...).")
+@click.option("--metric", default="proxy/balanced", show_default=True, help="Sort by this metric.")
+@click.option("--tidy", is_flag=True, help="Print the tidy per-family frame instead of the leaderboard.")
+def runs_cmd(step, metric, tidy):
+    """Print run history: a leaderboard (or the tidy per-family frame) from the tracking store."""
+    import pandas as pd
+
+    from . import history
+    frame = history.runs(step=step)
+    out = history.family_frame(frame) if tidy else history.leaderboard(frame, metric)
+    with pd.option_context("display.max_rows", 200, "display.width", 200, "display.max_columns", 30):
+        click.echo(out.to_string(index=False) if len(out) else f"no {step} runs with metric {metric}")
+
+
+@cli.command("replay-history")
+@click.option("--world", default=None, help="World directory (default: the default world, built on first use).")
+@click.option("--steps-scale", type=float, default=1.0, show_default=True,
+              help="Multiply each recipe's steps (for a quick look).")
+@click.option("--only", multiple=True, help="Replay only these runs (repeatable).")
+def replay_history_cmd(world, steps_scale, only):
+    """Train the seed's five historical runs and log them with the seed's notes as descriptions."""
+    from .recipes import SEED_HISTORY
+    from .rl_config_io import load_rl_config
+    from .rl_run import run_train_rl
+    world_dir = _world_dir(world)
+    unknown = [n for n in only if n not in SEED_HISTORY]
+    if unknown:
+        raise InputError(f"--only: unknown run {unknown[0]!r}; valid runs are {list(SEED_HISTORY)}")
+    out = []
+    for name, (overrides, note) in SEED_HISTORY.items():
+        if only and name not in only:
+            continue
+        ov = dict(overrides, steps=max(1, int(overrides["steps"] * steps_scale)))
+        cfg = load_rl_config(os.path.join(world_dir, "configs", "default.json"),
+                             [f"{k}={json.dumps(v)}" for k, v in ov.items()])
+        click.echo(f"replaying {name}: {note}", err=True)
+        out.append(run_train_rl(cfg, world_dir=world_dir, run_name=name, description=note,
+                                tags={"rlhf.history": "seed"}, echo=lambda m: click.echo(m, err=True)))
+    click.echo(json.dumps(out, indent=1))

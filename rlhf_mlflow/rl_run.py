@@ -27,13 +27,15 @@ def world_params(world_dir: str | None) -> dict:
 
 def run_train_rl(cfg: RLConfig, world_dir: str | None = None, out: str | None = None,
                  run_name: str | None = None, register: bool = True,
-                 echo: Callable[[str], None] = print, progress: bool = True) -> dict:
+                 echo: Callable[[str], None] = print, progress: bool = True, description: str | None = None,
+                 tags: dict | None = None) -> dict:
     """Train, log and register. Returns a summary (run id, model version, final metrics)."""
     recipe = run_name or f"kl{cfg.kl_coef:g}-s{cfg.steps}"
     params = {**asdict(cfg), **world_params(world_dir)}
     if cfg.reward_wrapper:
         params["reward_wrapper_sha256"] = T.file_sha256(cfg.reward_wrapper) if os.path.isfile(cfg.reward_wrapper) else None
-    with T.tracked_run("train_rl", params, tags={"rlhf.recipe": recipe}, run_name=recipe) as run, \
+    with T.tracked_run("train_rl", params, tags={"rlhf.recipe": recipe, **(tags or {})}, run_name=recipe,
+                       description=description) as run, \
             tempfile.TemporaryDirectory() as tmp:
         if cfg.reward_wrapper and os.path.isfile(cfg.reward_wrapper):
             T.log_artifact(cfg.reward_wrapper, "reward_wrapper")
@@ -53,8 +55,11 @@ def run_train_rl(cfg: RLConfig, world_dir: str | None = None, out: str | None = 
             M.save_policy(policy, policy.cfg, path)
             T.log_artifact(path, f"checkpoints/step_{step}")
 
-        result = train_rl(cfg, on_log=on_log, on_checkpoint=on_checkpoint)
-        bar(None, None)
+        try:
+            result = train_rl(cfg, on_log=on_log, on_checkpoint=on_checkpoint)
+        finally:  # the curves up to a failure are kept
+            logger.flush()
+            bar(None, None)
         M.save_policy(result.policy, result.policy_config, ckpt_root)
         T.log_artifact(ckpt_root, "checkpoints/final")
         if out:

@@ -122,3 +122,16 @@ def test_mlproject_click_and_config_agree():
         names = {p.name for p in cmd.params}
         for pname in spec["parameters"]:
             assert pname in names or (pname == "data" and "data_path" in names), (name, pname)
+
+
+def test_build_world_run_logs_the_world(tmp_path):
+    res = _run("build-world", "--seed", 2, "--scale", "test", "--out", tmp_path / "w")
+    assert res.exit_code == 0, res.output
+    (run,) = _runs("build_world")
+    assert run.info.status == "FINISHED"
+    assert run.data.params["seed"] == "2" and run.data.params["scale"] == "test"
+    assert len(run.data.params["world_hash"]) == 16
+    assert "timing/total_s" in run.data.metrics
+    names = {d.dataset.name for d in run.inputs.dataset_inputs}
+    assert names == {"prompts_train.jsonl", "prompts_dev.jsonl", "gold_calib.jsonl", "train.jsonl"}
+    assert [a.path for a in mlflow.MlflowClient().list_artifacts(run.info.run_id)] == ["manifest.json"]

@@ -202,7 +202,7 @@ def ensure_world(cache_dir: str, seed: int = 0, spec: list[dict] | None = None, 
     """The world for (seed, spec, scale) under cache_dir/<hash>, built once and reused after."""
     spec = C.validate_spec(C.DEFAULT_SPEC if spec is None else spec)
     h = world_hash(replace(SCALES[scale], seed=seed), spec)
-    path = os.path.join(cache_dir, h)
+    path = os.path.abspath(os.path.join(cache_dir, h))
     manifest_path = os.path.join(path, "manifest.json")
     if os.path.isfile(manifest_path):
         with open(manifest_path) as f:
