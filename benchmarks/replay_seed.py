@@ -117,7 +117,7 @@ def print_table(fig: dict) -> None:
     print(f"\n{'figure':<{w}}  {'seed':<26}  ours")
     for name, seed, ours in rows:
         print(f"{name:<{w}}  {seed:<26}  {ours}")
-    print(f"\ntrue quality (oracle) per family on balanced prompts")
+    print("\ntrue quality (oracle) per family on balanced prompts")
     print(f"{'run':<24}" + "".join(f"{f:>8}" for f in V.FAMILIES) + f"{'balanced':>10}")
     for run, v in fig.items():
         t = v["truth"]

@@ -4,11 +4,10 @@ from __future__ import annotations
 import json
 import os
 
-import torch
 import torch.nn as nn
 from safetensors.torch import load_file, save_file
 
-from .errors import InputError
+from .errors import InputError, read_json
 
 
 def save_module(module: nn.Module, cfg: dict, out_dir: str, weights_name: str) -> None:
@@ -21,13 +20,7 @@ def save_module(module: nn.Module, cfg: dict, out_dir: str, weights_name: str) -
 
 def read_config(ckpt_dir: str, required: tuple[str, ...]) -> dict:
     path = os.path.join(ckpt_dir, "config.json")
-    if not os.path.isfile(path):
-        raise InputError(f"{path}: no config.json (expected a checkpoint directory)")
-    try:
-        with open(path) as f:
-            cfg = json.load(f)
-    except json.JSONDecodeError as e:
-        raise InputError(f"{path}:{e.lineno}: not valid JSON ({e.msg})") from None
+    cfg = read_json(path, "no config.json (expected a checkpoint directory)")
     missing = [k for k in required if k not in cfg]
     if missing:
         raise InputError(f"{path}: missing config keys {missing}; required keys are {list(required)}")

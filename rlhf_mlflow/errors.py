@@ -1,4 +1,6 @@
 """Exceptions raised for bad user input; the CLI turns them into one clear error line."""
+import json
+import os
 
 
 class InputError(ValueError):
@@ -6,3 +8,14 @@ class InputError(ValueError):
 
     The message names the offending file and line, or the key and its valid values.
     """
+
+
+def read_json(path: str, missing: str = "file not found"):
+    """Parse a JSON file; a missing file or bad JSON raises InputError naming the file (and line)."""
+    if not os.path.isfile(path):
+        raise InputError(f"{path}: {missing}")
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except json.JSONDecodeError as e:
+        raise InputError(f"{path}:{e.lineno}: not valid JSON ({e.msg})") from None

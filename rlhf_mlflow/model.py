@@ -73,7 +73,9 @@ class Block(nn.Module):
         return x + self.ff(self.ln2(x))
 
 
-class Policy(nn.Module):
+class Trunk(nn.Module):
+    """Embeddings, blocks and final LayerNorm: the layout (and state_dict keys) both models share."""
+
     def __init__(self, cfg: dict):
         super().__init__()
         self.cfg = dict(cfg)
@@ -82,15 +84,19 @@ class Policy(nn.Module):
         self.pos = nn.Embedding(cfg["seq_len"], d)
         self.blocks = nn.ModuleList([Block(d, cfg["n_heads"], cfg["d_ff"]) for _ in range(cfg["n_layers"])])
         self.ln = nn.LayerNorm(d)
-        self.head = nn.Linear(d, cfg["vocab_size"], bias=False)
 
-    def hidden(self, ids: torch.Tensor) -> torch.Tensor:
+    def hidden(self, ids: torch.Tensor, causal: bool = True) -> torch.Tensor:
         """ids (B, T) -> final normalised hidden states (B, T, d)."""
-        T = ids.shape[1]
-        x = self.tok(ids) + self.pos.weight[:T]
+        x = self.tok(ids) + self.pos.weight[:ids.shape[1]]
         for b in self.blocks:
-            x = b(x)
+            x = b(x, causal)
         return self.ln(x)
+
+
+class Policy(Trunk):
+    def __init__(self, cfg: dict):
+        super().__init__(cfg)
+        self.head = nn.Linear(cfg["d_model"], cfg["vocab_size"], bias=False)
 
     def content_logits(self, h: torch.Tensor) -> torch.Tensor:
         """Hidden states (..., d) -> logits over the 24 content tokens only (..., C)."""
@@ -202,7 +208,7 @@ def grouped_token_logprobs(policy: Policy, prompts: torch.Tensor, responses: tor
     """
     B, P = prompts.shape
     N, L = responses.shape
-    h, dk = policy.cfg["n_heads"], policy.cfg["d_model"] // policy.cfg["n_heads"]
+    dk = policy.cfg["d_model"] // policy.cfg["n_heads"]
     xp, kvs = _prefix(policy, prompts)
     x = policy.tok(responses[:, :-1]) + policy.pos.weight[P:P + L - 1]  # (N, L-1, d)
     mask = torch.cat([torch.zeros(L - 1, P), _causal_mask(L - 1)], 1)  # suffix sees the prompt + its past

@@ -9,7 +9,7 @@ import torch.nn as nn
 
 from . import vocab as V
 from .checkpoint import load_weights, read_config, save_module
-from .model import Block
+from .model import Trunk
 
 CONFIG_KEYS = ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff", "seq_len")
 WEIGHTS = "rm.safetensors"
@@ -20,24 +20,15 @@ def default_config() -> dict:
             "seq_len": V.SEQ_LEN}
 
 
-class RewardModel(nn.Module):
+class RewardModel(Trunk):
     def __init__(self, cfg: dict):
-        super().__init__()
-        self.cfg = dict(cfg)
+        super().__init__(cfg)
         d = cfg["d_model"]
-        self.tok = nn.Embedding(cfg["vocab_size"], d)
-        self.pos = nn.Embedding(cfg["seq_len"], d)
-        self.blocks = nn.ModuleList([Block(d, cfg["n_heads"], cfg["d_ff"]) for _ in range(cfg["n_layers"])])
-        self.ln = nn.LayerNorm(d)
         self.head = nn.Sequential(nn.Linear(d, d), nn.GELU(), nn.Linear(d, 1))
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        """ids (B, T) -> scalar reward (B,)."""
-        T = ids.shape[1]
-        x = self.tok(ids) + self.pos.weight[:T]
-        for b in self.blocks:
-            x = b(x, causal=False)
-        pooled = self.ln(x).mean(1)  # (B, d)
+        """ids (B, T) -> scalar reward (B,); bidirectional attention, mean-pooled."""
+        pooled = self.hidden(ids, causal=False).mean(1)  # (B, d)
         return self.head(pooled).squeeze(-1)
 
 

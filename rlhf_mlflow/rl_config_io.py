@@ -6,10 +6,9 @@ against the current directory.
 """
 from __future__ import annotations
 
-import json
 import os
 from .config import from_dict, parse_override
-from .errors import InputError
+from .errors import InputError, read_json
 from .train_rl import PATH_KEYS, RLConfig
 
 
@@ -22,13 +21,7 @@ def load_rl_config(config_path: str | None, overrides: list[str] = (), root: str
     """Config file (optional) + overrides -> RLConfig with absolute paths."""
     base: dict = {}
     if config_path:
-        if not os.path.isfile(config_path):
-            raise InputError(f"{config_path}: config file not found")
-        try:
-            with open(config_path) as f:
-                base = json.load(f)
-        except json.JSONDecodeError as e:
-            raise InputError(f"{config_path}:{e.lineno}: not valid JSON ({e.msg})") from None
+        base = read_json(config_path, "config file not found")
         if not isinstance(base, dict):
             raise InputError(f"{config_path}: expected a JSON object of config keys")
     where = config_path or "config"

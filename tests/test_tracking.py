@@ -6,7 +6,6 @@ import os
 
 import mlflow
 import pandas as pd
-import pytest
 import yaml
 from click.testing import CliRunner
 

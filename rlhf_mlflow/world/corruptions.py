@@ -9,14 +9,12 @@ Bonuses may be negative. `DEFAULT_SPEC` is the seed's world: dune `pa` +1.45, em
 """
 from __future__ import annotations
 
-import json
 import math
-import os
 
 import torch
 
 from .. import vocab as V
-from ..errors import InputError
+from ..errors import InputError, read_json
 
 DEFAULT_SPEC = [
     {"family": "dune", "kind": "token", "token": "pa", "bonus": 1.45},
@@ -66,13 +64,7 @@ def load_spec(name_or_path: str) -> list[dict]:
         return [dict(r) for r in DEFAULT_SPEC]
     if name_or_path == "clean":
         return []
-    if not os.path.isfile(name_or_path):
-        raise InputError(f"{name_or_path}: no such spec file (or use 'default' / 'clean')")
-    try:
-        with open(name_or_path) as f:
-            spec = json.load(f)
-    except json.JSONDecodeError as e:
-        raise InputError(f"{name_or_path}:{e.lineno}: not valid JSON ({e.msg})") from None
+    spec = read_json(name_or_path, "no such spec file (or use 'default' / 'clean')")
     return validate_spec(spec, name_or_path)
 
 
