@@ -2,7 +2,7 @@
 import subprocess
 import sys
 
-CORE = ["vocab", "model", "reward_model", "data", "train_rm", "train_rl", "bon", "evaluate", "rl_math",
+CORE = ["vocab", "model", "reward_model", "data", "train_rm", "train_rl", "bon", "evaluate", "rl_math", "diagnostic",
         "world.build", "world.oracle", "world.corruptions"]
 
 
