@@ -20,7 +20,7 @@ def _setup() -> None:
 
 
 class Group(click.Group):
-    """Turns InputError into one clear error line and exit code 2."""
+    """Turns InputError into one clear error line (`Error: ...`, exit code 1)."""
 
     def invoke(self, ctx):
         try:
@@ -39,8 +39,8 @@ def cli():
 @click.option("--seed", type=int, default=0, show_default=True, help="World seed.")
 @click.option("--spec", default="default", show_default=True,
               help="Corruption spec: 'default' (dune pa +1.45, ember he +0.47), 'clean', or a JSON file.")
-@click.option("--scale", type=click.Choice(["full", "test"]), default="full", show_default=True,
-              help="'test' builds a small world in seconds.")
+@click.option("--scale", type=click.Choice(["full", "bench", "test"]), default="full", show_default=True,
+              help="'test' builds a small world in seconds; 'bench' a mid-size one for benchmarks.")
 @click.option("--out", default=None, help="Output directory (default: worlds/<hash>, reused when it exists).")
 def build_world_cmd(seed, spec, scale, out):
     """Build (or reuse) a synthetic world with a hidden truth."""
@@ -148,11 +148,8 @@ def train_rl_cmd(ctx, world, config_path, overrides, out, run_name, register, **
 
 
 def _world_file(world_dir: str | None, given: str | None, *rel: str) -> str:
-    if given:
-        return given
-    if not world_dir:
-        raise InputError(f"give --{rel[-1].split('.')[0].replace('_', '-')} or --world")
-    return os.path.join(world_dir, *rel)
+    """An explicitly given path, else the file at `rel` inside the world."""
+    return given or os.path.join(world_dir, *rel)
 
 
 @cli.command("dev-eval")
@@ -229,7 +226,7 @@ def bon_cmd(policy, reward_model, prompts, n, limit, seed, out):
 
 
 @cli.command("train-rm")
-@click.option("--data", "data_path", required=True, help="Labelled records JSONL (response + label).")
+@click.option("--data", required=True, help="Labelled records JSONL (response + label).")
 @click.option("--out", required=True, help="Output directory for rm.safetensors + config.json.")
 @click.option("--epochs", type=int, default=40, show_default=True)
 @click.option("--lr", type=float, default=2e-3, show_default=True)
@@ -237,7 +234,7 @@ def bon_cmd(policy, reward_model, prompts, n, limit, seed, out):
 @click.option("--lr-schedule", type=click.Choice(["constant", "cosine"]), default="constant", show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--gold", default=None, help="Expert gold JSONL: also report per-family agreement with it.")
-def train_rm_cmd(data_path, out, epochs, lr, batch_size, lr_schedule, seed, gold):
+def train_rm_cmd(data, out, epochs, lr, batch_size, lr_schedule, seed, gold):
     """Train a reward model on labelled records (MSE), as an MLflow run."""
     from dataclasses import asdict
 
@@ -246,9 +243,9 @@ def train_rm_cmd(data_path, out, epochs, lr, batch_size, lr_schedule, seed, gold
     from .tracking import runs as T
     from .train_rm import RMConfig, per_family_fit, train_rm
     cfg = RMConfig(epochs=epochs, lr=lr, batch_size=batch_size, lr_schedule=lr_schedule, seed=seed)
-    with T.tracked_run("train_rm", {**asdict(cfg), "data": data_path, "gold": gold}):
-        records = D.read_jsonl(data_path, labelled=True)
-        T.log_jsonl_input(data_path, "training")
+    with T.tracked_run("train_rm", {**asdict(cfg), "data": data, "gold": gold}):
+        records = D.read_jsonl(data, labelled=True)
+        T.log_jsonl_input(data, "training")
         logger = T.MetricLogger()
 
         def on_log(epoch, m):
@@ -309,3 +306,54 @@ def replay_history_cmd(world, steps_scale, only):
         out.append(run_train_rl(cfg, world_dir=world_dir, run_name=name, description=note,
                                 tags={"rlhf.history": "seed"}, echo=lambda m: click.echo(m, err=True)))
     click.echo(json.dumps(out, indent=1))
+
+
+@cli.command("diagnostic")
+@click.option("--world", default=None, help="World whose files fill the options below (default: the default world).")
+@click.option("--rm-dir", default=None, help="Reward-model directory with its QA sample train.jsonl.")
+@click.option("--policy-dir", default=None, help="Reference policy directory.")
+@click.option("--prompts", default=None, help="Prompts JSONL (default: <world>/data/prompts_train.jsonl).")
+@click.option("--n-prompts", type=int, default=24, show_default=True, help="Reference responses per family.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Sampling seed.")
+@click.option("--out", default=None, help="Also write the result JSON here.")
+def diagnostic_cmd(world, rm_dir, policy_dir, prompts, n_prompts, seed, out):
+    """Gold-free reward-shortcut audit per family, as an MLflow run."""
+    from .diagnostic import run_diagnostic
+    from .figures import diagnostic_bars
+    from .tracking import runs as T
+    world_dir = None if (rm_dir and policy_dir and prompts) else _world_dir(world)
+    rm_dir = _world_file(world_dir, rm_dir, "reward_model")
+    policy_dir = _world_file(world_dir, policy_dir, "policy")
+    prompts = _world_file(world_dir, prompts, "data", "prompts_train.jsonl")
+    params = {"rm_dir": rm_dir, "policy_dir": policy_dir, "prompts": prompts, "n_prompts": n_prompts, "seed": seed}
+    with T.tracked_run("diagnostic", params):
+        result = run_diagnostic(rm_dir, policy_dir, prompts, n_prompts, seed)
+        fams = result["families"]
+        T.log_metrics({**{f"risk/{f}": v["risk"] for f, v in fams.items()},
+                       **{f"flag/{f}": float(v["flag"]) for f, v in fams.items()}})
+        T.log_json_artifact(result, "diagnostic.json")
+        T.log_figure(diagnostic_bars(result), "figures/diagnostic.png")
+    if out:
+        with open(out, "w") as f:
+            json.dump(result, f, indent=1)
+    click.echo(json.dumps({f: {"risk": round(v["risk"], 3), "flag": v["flag"], "top": v["evidence"][0]}
+                           for f, v in fams.items()}, indent=1))
+
+
+@cli.command("correct")
+@click.option("--diagnostic", required=True, help="Result JSON of `diagnostic --out`.")
+@click.option("--qa", required=True, help="The reward model's QA sample (reward_model/train.jsonl).")
+@click.option("--out", required=True, help="Reward-wrapper file to write (pass it to train-rl --reward-wrapper).")
+def correct_cmd(diagnostic, qa, out):
+    """Fit corrections for the flagged shortcuts on the QA sample and write a reward wrapper."""
+    from . import data as D
+    from .correction import fit_corrections, write_wrapper
+    from .errors import read_json
+    from .tracking import runs as T
+    with T.tracked_run("correction", {"diagnostic": diagnostic, "qa": qa}):
+        rules = fit_corrections(read_json(diagnostic), D.read_jsonl(qa, labelled=True))
+        write_wrapper(rules, out)
+        T.log_params({"reward_wrapper_sha256": T.file_sha256(out)})
+        T.log_artifact(out, "reward_wrapper")
+        T.log_json_artifact(rules, "corrections.json")
+    click.echo(json.dumps({"wrapper": os.path.abspath(out), "rules": rules}, indent=1))

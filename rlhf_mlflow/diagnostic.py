@@ -131,7 +131,7 @@ def _num(x) -> float | None:
     return None if x is None or not np.isfinite(x) else float(x)
 
 
-def audit_family(rm, qa, p, y, gen, pair_contexts=12, top=5) -> dict:
+def audit_family(rm, qa, p, y, gen, pair_contexts=8, top=5) -> dict:
     """Candidates (token, pair, conditional) with their reward-model effect and QA corroboration."""
     C = V.N_CONTENT
     eff = _token_effects(rm, p, y)                       # (M, L, C)
@@ -179,7 +179,7 @@ def audit_family(rm, qa, p, y, gen, pair_contexts=12, top=5) -> dict:
     return {"risk": cands[0]["risk"], "flag": cands[0]["risk"] >= 0.5, "evidence": cands[:3]}
 
 
-def run_diagnostic(rm_dir: str, policy_dir: str, prompts_path: str, n_prompts: int = 32, seed: int = 0) -> dict:
+def run_diagnostic(rm_dir: str, policy_dir: str, prompts_path: str, n_prompts: int = 24, seed: int = 0) -> dict:
     qa_path = os.path.join(rm_dir, "train.jsonl")
     if not os.path.isfile(qa_path):
         raise InputError(f"{qa_path}: missing QA sample (the reward model directory must ship train.jsonl)")
@@ -202,7 +202,7 @@ def main(argv=None) -> int:
     ap.add_argument("--policy-dir", required=True)
     ap.add_argument("--prompts", required=True)
     ap.add_argument("--out", required=True)
-    ap.add_argument("--n-prompts", type=int, default=32)
+    ap.add_argument("--n-prompts", type=int, default=24)
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args(argv)
     from .runtime import configure_threads

@@ -43,3 +43,27 @@ def family_bars(metrics: dict, names=("proxy", "kl"), title: str = ""):
     fig.suptitle(title)
     fig.tight_layout()
     return fig
+
+
+def diagnostic_bars(result: dict):
+    """Per-family risk, and the top candidate's reward-model effect against the 1/8 bound."""
+    fams = list(result["families"])
+    risks = [result["families"][f]["risk"] for f in fams]
+    top = [result["families"][f]["evidence"][0] for f in fams]
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.4))
+    axes[0].bar(fams, risks, color=["tab:red" if result["families"][f]["flag"] else "tab:blue" for f in fams])
+    axes[0].axhline(0.5, color="black", linestyle="--")
+    axes[0].set_title("shortcut risk (flag at 0.5)")
+    axes[1].bar(fams, [c["effect"] for c in top], color="tab:gray")
+    for x, c in enumerate(top):
+        label = c.get("token") or "-".join(c.get("tokens", []))
+        if c["kind"] == "conditional":
+            label += f"|a{c['attr']}={c['value']}"
+        axes[1].annotate(label, (x, c["effect"]), ha="center", va="bottom", fontsize=7)
+    for y in (0.125, -0.125):
+        axes[1].axhline(y, color="black", linestyle=":")
+    axes[1].set_title("top feature: reward-model effect (dotted: the 1/8 a label allows)")
+    for ax in axes:
+        ax.tick_params(axis="x", rotation=45)
+    fig.tight_layout()
+    return fig

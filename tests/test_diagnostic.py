@@ -51,3 +51,30 @@ def test_missing_qa_sample_is_a_clear_error(planted_world, tmp_path, capsys):
     assert code == 2
     assert "missing QA sample" in capsys.readouterr().err
     assert not (tmp_path / "x.json").exists()
+
+
+def test_diagnostic_and_correct_commands_log_runs_and_write_a_working_wrapper(planted_world, tmp_path):
+    import mlflow
+    from click.testing import CliRunner
+
+    from rlhf_mlflow.cli import cli
+    from rlhf_mlflow.train_rl import load_wrapper
+    res = CliRunner().invoke(cli, ["diagnostic", "--world", planted_world, "--out", str(tmp_path / "d.json")],
+                             catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    (run,) = mlflow.search_runs(search_all_experiments=True, filter_string="tags.`rlhf.step` = 'diagnostic'",
+                                output_format="list")
+    assert run.data.metrics["flag/birch"] == 1.0 and run.data.metrics["flag/anvil"] == 0.0
+    assert run.data.metrics["risk/birch"] > run.data.metrics["risk/fjord"]
+    res = CliRunner().invoke(cli, ["correct", "--diagnostic", str(tmp_path / "d.json"),
+                                   "--qa", os.path.join(planted_world, "reward_model", "train.jsonl"),
+                                   "--out", str(tmp_path / "wrap.py")], catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    rules = json.loads(res.output)["rules"]
+    assert [(r["family"], r["token"]) for r in rules] == [("birch", "ka")]
+    assert rules[0]["bonus"] == pytest.approx(2.0, rel=0.25)
+    transform = load_wrapper(str(tmp_path / "wrap.py"))
+    recs = [{"family": "birch", "attrs": [0] * 4}, {"family": "anvil", "attrs": [0] * 4}]
+    toks = [["ka", "ka"] + ["ba"] * 6, ["ka"] * 8]
+    out = transform(recs, toks, [5.0, 5.0])
+    assert out == pytest.approx([5.0 - 2 * rules[0]["bonus"], 5.0])

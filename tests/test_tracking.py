@@ -120,7 +120,7 @@ def test_mlproject_click_and_config_agree():
         cmd = cli.commands[name.replace("_", "-")]
         names = {p.name for p in cmd.params}
         for pname in spec["parameters"]:
-            assert pname in names or (pname == "data" and "data_path" in names), (name, pname)
+            assert pname in names, (name, pname)
 
 
 def test_build_world_run_logs_the_world(tmp_path):

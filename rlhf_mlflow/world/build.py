@@ -73,6 +73,9 @@ class WorldConfig:
 
 SCALES = {
     "full": WorldConfig(),
+    # many worlds for benchmarks: full prompt pools and QA sample, a smaller crowd batch and SFT set
+    "bench": WorldConfig(n_demo=2000, n_crowd=1000, rm=RMConfig(epochs=12, batch_size=256, lr=2e-3,
+                                                               lr_schedule="cosine")),
     # small enough for the test suite to build a world in seconds; same structure
     "test": WorldConfig(n_train=60, dev_mix={f: max(4, n // 20) for f, n in PILOT_MIX.items()}, n_demo=600,
                         sft_epochs=3, sft_lr=1e-2, n_crowd=150, n_qa=40, n_gold=30,

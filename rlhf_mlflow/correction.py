@@ -1,0 +1,74 @@
+"""Reward correction: turn the diagnostic's flagged shortcuts into a reward wrapper for train_rl.
+
+For each flagged family, the flagged features (token / adjacent pair / attribute-conditional token,
+the corruption-spec format) are refitted jointly on the vendor's QA sample by least squares, and
+the wrapper subtracts `bonus x count` from the reward model's score. Only features the diagnostic
+flagged are corrected; nothing is read from a world's secret.
+"""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+WRAPPER_TEMPLATE = '''"""Reward correction fitted by rlhf_mlflow.correction from the diagnostic's evidence."""
+from rlhf_mlflow.correction import apply_rules
+
+RULES = {rules}
+
+
+def transform(records, response_tokens, rewards):
+    return apply_rules(RULES, records, response_tokens, rewards)
+'''
+
+
+def feature_count(rule: dict, record: dict, tokens: list[str]) -> int:
+    """How often a rule's feature occurs in one response to one prompt record."""
+    if record["family"] != rule["family"]:
+        return 0
+    if rule["kind"] == "pair":
+        a, b = rule["tokens"]
+        return sum(1 for x, y in zip(tokens, tokens[1:]) if x == a and y == b)
+    if rule["kind"] == "conditional" and record["attrs"][rule["attr"]] != rule["value"]:
+        return 0
+    return tokens.count(rule["token"])
+
+
+def apply_rules(rules: list[dict], records: list[dict], response_tokens: list[list[str]],
+                rewards: list[float]) -> list[float]:
+    return [r - sum(rule["bonus"] * feature_count(rule, rec, toks) for rule in rules)
+            for rec, toks, r in zip(records, response_tokens, rewards)]
+
+
+def _rule(candidate: dict, family: str) -> dict:
+    keys = {"token": ("token",), "pair": ("tokens",), "conditional": ("token", "attr", "value")}
+    return {"family": family, "kind": candidate["kind"], **{k: candidate[k] for k in keys[candidate["kind"]]}}
+
+
+def fit_corrections(diagnostic: dict, qa: list[dict], min_excess: float = 0.0) -> list[dict]:
+    """Rules (corruption-spec format, with fitted `bonus` and `se`) for every flagged family's
+    candidates whose reward-model effect exceeds the 1/8 bound (those the model actually pays)."""
+    rules = []
+    for family, res in diagnostic["families"].items():
+        if not res["flag"]:
+            continue
+        chosen = [_rule(c, family) for c in res["evidence"]
+                  if c["risk"] >= 0.5 and c["excess"] > min_excess]
+        chosen = [r for i, r in enumerate(chosen) if r not in chosen[:i]]
+        rows = [r for r in qa if r["family"] == family]
+        if not chosen or len(rows) < len(chosen) + 3:
+            continue
+        x = np.array([[feature_count(rule, r, r["response"]) for rule in chosen] for r in rows], dtype=float)
+        y = np.array([r["label"] for r in rows], dtype=float)
+        X = np.column_stack([np.ones(len(rows)), x])
+        coef, *_ = np.linalg.lstsq(X, y, rcond=None)
+        resid = y - X @ coef
+        cov = np.linalg.pinv(X.T @ X) * (resid @ resid) / max(len(rows) - X.shape[1], 1)
+        for k, rule in enumerate(chosen):
+            rules.append({**rule, "bonus": round(float(coef[k + 1]), 5), "se": round(float(np.sqrt(cov[k + 1, k + 1])), 5)})
+    return rules
+
+
+def write_wrapper(rules: list[dict], path: str) -> None:
+    with open(path, "w") as f:
+        f.write(WRAPPER_TEMPLATE.format(rules=json.dumps(rules, indent=1)))
