@@ -24,7 +24,7 @@ from rlhf_mlflow import reward_model as R  # noqa: E402
 from rlhf_mlflow import vocab as V  # noqa: E402
 from rlhf_mlflow.evaluate import balanced_prompts, dev_eval, family_probe  # noqa: E402
 from rlhf_mlflow.recipes import CORRECTED, SEED_HISTORY  # noqa: E402
-from rlhf_mlflow.rl_config_io import load_rl_config  # noqa: E402
+from rlhf_mlflow.rl_config_io import load_rl_config, recipe_overrides  # noqa: E402
 from rlhf_mlflow.runtime import configure_threads  # noqa: E402
 from rlhf_mlflow.train_rl import train_rl  # noqa: E402
 from rlhf_mlflow.world import corruptions as C  # noqa: E402
@@ -69,11 +69,9 @@ def main() -> None:
     recipes = [(n, ov, None) for n, (ov, _) in SEED_HISTORY.items()]
     recipes += [(n, ov, true_bonus_wrapper(oracle.spec)) for n, ov in CORRECTED.items()]
     for name, ov, wrapper in recipes:
-        overrides = [f"{k}={json.dumps(v)}" for k, v in ov.items()]
-        cfg = load_rl_config(j("configs", "default.json"), overrides)
         if a.steps_scale != 1.0:
-            cfg = load_rl_config(j("configs", "default.json"),
-                                 overrides + [f"steps={max(1, int(cfg.steps * a.steps_scale))}"])
+            ov = dict(ov, steps=max(1, int(ov["steps"] * a.steps_scale)))
+        cfg = load_rl_config(j("configs", "default.json"), recipe_overrides(ov))
         res = train_rl(cfg, wrapper=wrapper)
         measure(name, res.policy, res.seconds)
     print_table(fig)

@@ -289,7 +289,7 @@ def runs_cmd(step, metric, tidy):
 def replay_history_cmd(world, steps_scale, only):
     """Train the seed's five historical runs and log them with the seed's notes as descriptions."""
     from .recipes import SEED_HISTORY
-    from .rl_config_io import load_rl_config
+    from .rl_config_io import load_rl_config, recipe_overrides
     from .rl_run import run_train_rl
     world_dir = _world_dir(world)
     unknown = [n for n in only if n not in SEED_HISTORY]
@@ -300,8 +300,7 @@ def replay_history_cmd(world, steps_scale, only):
         if only and name not in only:
             continue
         ov = dict(overrides, steps=max(1, int(overrides["steps"] * steps_scale)))
-        cfg = load_rl_config(os.path.join(world_dir, "configs", "default.json"),
-                             [f"{k}={json.dumps(v)}" for k, v in ov.items()])
+        cfg = load_rl_config(os.path.join(world_dir, "configs", "default.json"), recipe_overrides(ov))
         click.echo(f"replaying {name}: {note}", err=True)
         out.append(run_train_rl(cfg, world_dir=world_dir, run_name=name, description=note,
                                 tags={"rlhf.history": "seed"}, echo=lambda m: click.echo(m, err=True)))

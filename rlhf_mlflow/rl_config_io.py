@@ -39,3 +39,9 @@ def load_rl_config(config_path: str | None, overrides: list[str] = (), root: str
         where = f"{where} with overrides"
     cfg = from_dict(RLConfig, merged, where)
     return cfg.resolved(file_root)
+
+
+def recipe_overrides(recipe: dict) -> list[str]:
+    """A recipe's {key: value} overrides as `key=<json>` strings for load_rl_config."""
+    import json
+    return [f"{k}={json.dumps(v)}" for k, v in recipe.items()]
