@@ -181,6 +181,8 @@ def dev_eval_cmd(policy, world, policy_ref, reward_model, prompts, gold, n, seed
     with T.tracked_run("dev_eval", params):
         policy_dir, model_id = resolve_policy(policy)
         T.log_jsonl_input(prompts, "dev")
+        if gold:
+            T.log_jsonl_input(gold, "gold")
         res = dev_eval(M.load_policy(policy_dir)[0], M.load_policy(policy_ref)[0], R.load_rm(reward_model)[0],
                        D.read_jsonl(prompts), D.read_jsonl(gold, labelled=True) if gold else None, n, seed)
         T.log_metrics(res.metrics, model_id=model_id)

@@ -60,6 +60,7 @@ def test_dev_eval_links_metrics_to_the_model(tiny_world):
     res = _run("dev-eval", "--policy", "models:/rlhf-policy/1", "--world", tiny_world)
     assert res.exit_code == 0, res.output
     (run,) = _runs("dev_eval")
+    assert {d.dataset.name for d in run.inputs.dataset_inputs} == {"prompts_dev.jsonl", "gold_calib.jsonl"}
     assert {"proxy_mean", "kl_mean", "rm_gold_pearson", "proxy/dune", "proxy/pilot", "kl/balanced"} <= set(
         run.data.metrics)
     model_id = mlflow.models.get_model_info("models:/rlhf-policy/1").model_id
