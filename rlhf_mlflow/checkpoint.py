@@ -48,10 +48,3 @@ def freeze(module: nn.Module) -> nn.Module:
     for p in module.parameters():
         p.requires_grad_(False)
     return module.eval()
-
-
-def file_is_checkpoint(ckpt_dir: str, weights_name: str) -> bool:
-    return os.path.isfile(os.path.join(ckpt_dir, weights_name)) and os.path.isfile(
-        os.path.join(ckpt_dir, "config.json"))
-
-

@@ -46,7 +46,3 @@ def parse_override(text: str) -> tuple[str, Any]:
         return key.strip(), json.loads(raw)
     except json.JSONDecodeError:
         return key.strip(), raw
-
-
-def to_dict(cfg) -> dict:
-    return dataclasses.asdict(cfg)

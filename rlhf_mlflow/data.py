@@ -16,7 +16,7 @@ from . import vocab as V
 from .errors import InputError
 
 
-def _check_record(rec, where: str, labelled: bool | None) -> dict:
+def check_record(rec, where: str, labelled: bool | None) -> dict:
     if not isinstance(rec, dict):
         raise InputError(f"{where}: expected a JSON object, got {type(rec).__name__}")
     fam = rec.get("family")
@@ -57,7 +57,7 @@ def read_jsonl(path: str, labelled: bool | None = None) -> list[dict]:
                 rec = json.loads(line)
             except json.JSONDecodeError as e:
                 raise InputError(f"{where}: malformed JSON ({e.msg} at column {e.colno})") from None
-            out.append(_check_record(rec, where, labelled))
+            out.append(check_record(rec, where, labelled))
     if not out:
         raise InputError(f"{path}: no records")
     return out

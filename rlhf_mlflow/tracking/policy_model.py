@@ -27,7 +27,7 @@ def generate(policy, frame: pd.DataFrame, temperature: float = 1.0, seed: int = 
     records = [{"id": str(r["id"]), "family": r["family"], "attrs": [int(a) for a in r["attrs"]]}
                for r in frame.to_dict("records")]
     for i, r in enumerate(records):
-        D._check_record(r, f"model input row {i}", None)
+        D.check_record(r, f"model input row {i}", None)
     prompts = D.prompts_tensor(records)
     responses = M.sample(policy, prompts, 1, float(temperature), torch.Generator().manual_seed(int(seed)))
     logprobs = M.sequence_logprobs(policy, prompts, responses)
