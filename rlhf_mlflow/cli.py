@@ -358,3 +358,10 @@ def correct_cmd(diagnostic, qa, out):
         T.log_artifact(out, "reward_wrapper")
         T.log_json_artifact(rules, "corrections.json")
     click.echo(json.dumps({"wrapper": os.path.abspath(out), "rules": rules}, indent=1))
+
+
+# scale-out: `sweep` (Ray Tune) and `server` (MLflow on PostgreSQL), in their own module
+from .cli_scale import COMMANDS as SCALE_OUT_COMMANDS  # noqa: E402
+
+for _command in SCALE_OUT_COMMANDS:
+    cli.add_command(_command)
