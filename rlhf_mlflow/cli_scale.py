@@ -40,8 +40,6 @@ def sweep_cmd(ctx, world, config_path, overrides, grid, ray_address, max_concurr
     """A recipe grid as Ray Tune trials; each trial trains, evaluates, certifies and checks guardrails."""
     import functools
 
-    import pandas as pd
-
     from .config import parse_override
     from .rl_config_io import fixture_root
     from .sweep import SweepConfig, best_trial, expand_grid, parse_grid, rank_trials, run_sweep
@@ -50,6 +48,7 @@ def sweep_cmd(ctx, world, config_path, overrides, grid, ray_address, max_concurr
     base = _rl_config(ctx, world_dir, config_path, overrides, options)
     recipes = _checked_recipes(base, expand_grid(parse_grid(grid)))
     guardrails = dict(parse_override(g) for g in guardrail_overrides)
+    _check_guardrails(guardrails)
     scfg = SweepConfig(ray_address=ray_address or None, max_concurrent=max_concurrent, trial_threads=trial_threads,
                        name=sweep_name)
     uri = S.absolute_tracking_uri()
@@ -70,13 +69,7 @@ def sweep_cmd(ctx, world, config_path, overrides, grid, ray_address, max_concurr
         ranked = rank_trials(run_sweep(functools.partial(S.run_trial, tctx), recipes, scfg))
         best = best_trial(ranked)
         S.log_sweep_results(ranked, best)
-        cols = [c for c in TABLE_COLUMNS if c in ranked] + [c for c in ranked if c.startswith("guardrail/")]
-        with pd.option_context("display.width", 250, "display.max_columns", 40, "display.max_colwidth", 60):
-            click.echo(ranked[cols].to_string(index=False))
-        for _, r in ranked.iterrows():
-            why = r.get("error") or r.get("failed_guardrails")
-            if isinstance(why, str) and why:
-                click.echo(f"  {r['trial']}: {why}")
+        _echo_table(ranked)
         if out:
             ranked.to_csv(out, index=False)
         failed = ranked[ranked["status"] != "FINISHED"]
@@ -91,6 +84,18 @@ def sweep_cmd(ctx, world, config_path, overrides, grid, ray_address, max_concurr
             raise click.ClickException(f"{len(failed)} of {len(ranked)} trials failed: {', '.join(failed['trial'])}")
 
 
+def _echo_table(ranked) -> None:
+    """The trial table (every guardrail a column), then why each trial failed or was not eligible."""
+    import pandas as pd
+    cols = [c for c in TABLE_COLUMNS if c in ranked] + [c for c in ranked if c.startswith("guardrail/")]
+    with pd.option_context("display.width", 250, "display.max_columns", 40, "display.max_colwidth", 60):
+        click.echo(ranked[cols].to_string(index=False))
+    for _, r in ranked.iterrows():
+        why = r.get("error") or r.get("failed_guardrails")
+        if isinstance(why, str) and why:
+            click.echo(f"  {r['trial']}: {why}")
+
+
 def _checked_recipes(base, recipes: list[dict]) -> list[dict]:
     """Paths in the grid made absolute; every trial's config validated before anything runs."""
     from .config import from_dict
@@ -101,6 +106,15 @@ def _checked_recipes(base, recipes: list[dict]) -> list[dict]:
         from_dict(RLConfig, {**asdict(base), **r}, f"--grid {r}")
         out.append(r)
     return out
+
+
+def _check_guardrails(overrides: dict) -> None:
+    """Unknown keys or bad thresholds fail before any trial runs."""
+    try:
+        from .guardrails import GuardrailConfig
+    except ImportError:
+        return
+    GuardrailConfig.from_dict(overrides, "--guardrail")
 
 
 def _diagnostic(world_dir: str, path: str | None) -> dict | None:
