@@ -164,31 +164,14 @@ def _world_file(world_dir: str | None, given: str | None, *rel: str) -> str:
 @click.option("--out", default=None, help="Also write the metrics JSON here.")
 def dev_eval_cmd(policy, world, policy_ref, reward_model, prompts, gold, n, seed, out):
     """The seed's dev evaluation, plus per family, as an MLflow run linked to the policy's model."""
-    from . import data as D
-    from . import model as M
-    from . import reward_model as R
-    from .evaluate import dev_eval
-    from .figures import family_bars
-    from .tracking import runs as T
-    from .tracking.policy_model import resolve_policy
+    from .steps import run_dev_eval
     world_dir = None if (policy_ref and reward_model and prompts) else _world_dir(world)
     policy_ref = _world_file(world_dir, policy_ref, "policy")
     reward_model = _world_file(world_dir, reward_model, "reward_model")
     prompts = _world_file(world_dir, prompts, "data", "prompts_dev.jsonl")
     gold = gold or (os.path.join(world_dir, "data", "gold_calib.jsonl") if world_dir else None)
-    params = {"policy": policy, "policy_ref": policy_ref, "reward_model": reward_model, "prompts": prompts,
-              "gold": gold, "n": n, "seed": seed}
-    with T.tracked_run("dev_eval", params):
-        policy_dir, model_id = resolve_policy(policy)
-        T.log_jsonl_input(prompts, "dev")
-        if gold:
-            T.log_jsonl_input(gold, "gold")
-        res = dev_eval(M.load_policy(policy_dir)[0], M.load_policy(policy_ref)[0], R.load_rm(reward_model)[0],
-                       D.read_jsonl(prompts), D.read_jsonl(gold, labelled=True) if gold else None, n, seed)
-        T.log_metrics(res.metrics, model_id=model_id)
-        T.log_figure(family_bars(res.metrics, title=f"dev_eval: {policy}"), "figures/dev_eval_families.png")
-        T.log_json_artifact(res.metrics, "dev_eval.json")
-    text = json.dumps(res.metrics, indent=1)
+    metrics = run_dev_eval(policy, policy_ref, reward_model, prompts, gold, n, seed)
+    text = json.dumps(metrics, indent=1)
     if out:
         with open(out, "w") as f:
             f.write(text)
@@ -319,21 +302,13 @@ def replay_history_cmd(world, steps_scale, only):
 @click.option("--out", default=None, help="Also write the result JSON here.")
 def diagnostic_cmd(world, rm_dir, policy_dir, prompts, n_prompts, seed, out):
     """Gold-free reward-shortcut audit per family, as an MLflow run."""
-    from .diagnostic import run_diagnostic
-    from .figures import diagnostic_bars
-    from .tracking import runs as T
+    from .steps import run_diagnostic_step
     world_dir = None if (rm_dir and policy_dir and prompts) else _world_dir(world)
     rm_dir = _world_file(world_dir, rm_dir, "reward_model")
     policy_dir = _world_file(world_dir, policy_dir, "policy")
     prompts = _world_file(world_dir, prompts, "data", "prompts_train.jsonl")
-    params = {"rm_dir": rm_dir, "policy_dir": policy_dir, "prompts": prompts, "n_prompts": n_prompts, "seed": seed}
-    with T.tracked_run("diagnostic", params):
-        result = run_diagnostic(rm_dir, policy_dir, prompts, n_prompts, seed)
-        fams = result["families"]
-        T.log_metrics({**{f"risk/{f}": v["risk"] for f, v in fams.items()},
-                       **{f"flag/{f}": float(v["flag"]) for f, v in fams.items()}})
-        T.log_json_artifact(result, "diagnostic.json")
-        T.log_figure(diagnostic_bars(result), "figures/diagnostic.png")
+    result = run_diagnostic_step(rm_dir, policy_dir, prompts, n_prompts, seed)
+    fams = result["families"]
     if out:
         with open(out, "w") as f:
             json.dump(result, f, indent=1)
@@ -347,17 +322,18 @@ def diagnostic_cmd(world, rm_dir, policy_dir, prompts, n_prompts, seed, out):
 @click.option("--out", required=True, help="Reward-wrapper file to write (pass it to train-rl --reward-wrapper).")
 def correct_cmd(diagnostic, qa, out):
     """Fit corrections for the flagged shortcuts on the QA sample and write a reward wrapper."""
-    from . import data as D
-    from .correction import fit_corrections, write_wrapper
-    from .errors import read_json
-    from .tracking import runs as T
-    with T.tracked_run("correction", {"diagnostic": diagnostic, "qa": qa}):
-        rules = fit_corrections(read_json(diagnostic), D.read_jsonl(qa, labelled=True))
-        write_wrapper(rules, out)
-        T.log_params({"reward_wrapper_sha256": T.file_sha256(out)})
-        T.log_artifact(out, "reward_wrapper")
-        T.log_json_artifact(rules, "corrections.json")
+    from .steps import run_correction
+    rules = run_correction(diagnostic, qa, out)
     click.echo(json.dumps({"wrapper": os.path.abspath(out), "rules": rules}, indent=1))
+
+
+def _register_commands() -> None:
+    from .cli_release import COMMANDS
+    for command in COMMANDS:
+        cli.add_command(command)
+
+
+_register_commands()
 
 
 # scale-out: `sweep` (Ray Tune) and `server` (MLflow on PostgreSQL), in their own module

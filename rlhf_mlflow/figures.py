@@ -67,3 +67,27 @@ def diagnostic_bars(result: dict):
         ax.tick_params(axis="x", rotation=45)
     fig.tight_layout()
     return fig
+
+
+def certification_plot(report: dict, truth: dict | None = None):
+    """Certified quality per family with its interval beside the reference's mean; refused families
+    are marked. `truth` ({family: value}) adds the oracle's numbers, for benchmarks only."""
+    import numpy as np
+    fams = list(report["families"]) + ["balanced"]
+    rows = list(report["families"].values()) + [report["balanced"]]
+    x = np.arange(len(fams))
+    fig, ax = plt.subplots(figsize=(8, 3.6))
+    ax.scatter(x - 0.12, [r["reference"] for r in rows], marker="_", s=300, color="gray", label="reference")
+    for i, r in enumerate(rows):
+        if r["certifiable"]:
+            ax.errorbar(i + 0.12, r["estimate"], yerr=[[r["estimate"] - r["lo"]], [r["hi"] - r["estimate"]]],
+                        fmt="o", color="tab:blue", capsize=4, label="certified (90%)" if i == 0 else None)
+        else:
+            ax.text(i + 0.12, r["reference"], "refused", rotation=90, ha="center", va="bottom", color="tab:red")
+    if truth:
+        ax.scatter(x + 0.3, [truth.get(f, np.nan) for f in fams], marker="x", color="black", label="oracle truth")
+    ax.set_xticks(x, fams)
+    ax.set_ylabel("true quality")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig

@@ -3,6 +3,7 @@ import subprocess
 import sys
 
 CORE = ["vocab", "model", "reward_model", "data", "train_rm", "train_rl", "bon", "evaluate", "rl_math", "diagnostic",
+        "certify", "guardrails", "ope_math", "correction", "reports",
         "world.build", "world.oracle", "world.corruptions"]
 
 

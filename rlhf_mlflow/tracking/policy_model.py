@@ -69,4 +69,6 @@ def resolve_policy(policy: str) -> tuple[str, str | None]:
         local = mlflow.artifacts.download_artifacts(policy)
     except Exception as e:
         raise InputError(f"{policy}: cannot resolve the model ({type(e).__name__}: {str(e).splitlines()[0]})") from None
-    return os.path.join(local, "artifacts", "policy"), info.model_id
+    # the checkpoint is the model's `policy` artifact; its folder is named after the logged directory
+    rel = info.flavors["python_function"]["artifacts"]["policy"]["path"]
+    return os.path.join(local, rel), info.model_id

@@ -30,8 +30,10 @@ def _ensure_experiment() -> None:
 def tracked_run(step: str, params: dict | None = None, tags: dict | None = None,
                 description: str | None = None, run_name: str | None = None,
                 nested: bool = False) -> Iterator[mlflow.ActiveRun]:
-    """An MLflow run for one pipeline step; marked FAILED (and re-raised) if the body raises."""
+    """An MLflow run for one pipeline step; marked FAILED (and re-raised) if the body raises. Inside
+    another step's run (the `main` pipeline) it is a child run."""
     _ensure_experiment()
+    nested = nested or mlflow.active_run() is not None
     run = mlflow.start_run(run_name=run_name, description=description, nested=nested,
                            tags={"rlhf.step": step, **(tags or {})})
     try:
@@ -123,6 +125,12 @@ def log_artifact(path: str, artifact_path: str | None = None) -> None:
 
 def log_figure(fig, name: str) -> None:
     mlflow.log_figure(fig, name)
+    import matplotlib.pyplot as plt
+    plt.close(fig)
+
+
+def log_text(text: str, name: str) -> None:
+    mlflow.log_text(text, name)
 
 
 def search_runs(filter_string: str = "", experiment_names: list[str] | None = None):

@@ -48,3 +48,22 @@ class Oracle:
         out = {f"truth/{f}": v for f, v in per.items()}
         out["truth/balanced"] = sum(per.values()) / len(per)
         return out
+
+
+ORACLE_WRAPPER = '''"""Reward = the world's true quality (the oracle). For measuring the ceiling a recipe can reach
+with the true reward: never a decision input."""
+from rlhf_mlflow.world.oracle import Oracle
+
+_ORACLE = Oracle({world!r})
+
+
+def transform(records, response_tokens, rewards):
+    return _ORACLE.score_records([dict(r, response=t) for r, t in zip(records, response_tokens)])
+'''
+
+
+def write_oracle_reward(world_dir: str, path: str) -> str:
+    """A reward-wrapper file that replaces the reward model's score with the true quality."""
+    with open(path, "w") as f:
+        f.write(ORACLE_WRAPPER.format(world=os.path.abspath(world_dir)))
+    return path

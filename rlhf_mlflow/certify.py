@@ -1,0 +1,266 @@
+"""Certification: the true quality of a policy per prompt family, estimated off-policy from the small
+expert set (labelled samples of the reference policy), with intervals, and refused where the
+evidence cannot carry a number.
+
+Per family, with n expert rows (x_i, y_i, label_i) drawn from the reference:
+  - exact sequence importance weights w_i = pi(y_i|x_i) / pi_ref(y_i|x_i);
+  - SNIPS, Kish ESS, the largest weight's share and the PSIS tail shape k-hat;
+  - a direct estimate: the reward model (with the diagnostic's correction, when given) calibrated
+    to the expert labels by least squares, averaged over the policy's own samples on the same
+    prompts;
+  - the doubly-robust estimate: direct + importance-weighted calibration residuals. This is the
+    certified number; its 90% interval is a seeded bootstrap over the expert rows (prompts, labels
+    and calibration refit together), paired with the reference's mean for the gain's interval.
+A family is certifiable only when ESS >= min_ess and k-hat <= max_khat; otherwise its estimate,
+interval and gain are null and `reason` says why. `balanced` is the equal-weight family mix
+(deployment traffic), `pilot` the mix of a given prompt file; each is certifiable only if every
+family in it is.
+
+    python -m rlhf_mlflow.certify --policy D --reference D --gold F --out F [--rm-dir D]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import Counter
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import torch
+
+from . import data as D
+from . import model as M
+from . import ope_math as O
+from . import reward_model as R
+from . import vocab as V
+from .config import check_range
+from .correction import feature_count
+from .errors import InputError
+
+
+@dataclass(frozen=True)
+class CertifyConfig:
+    min_ess: float = 10.0
+    """A family with fewer effective expert samples than this is not certifiable."""
+    max_khat: float = 0.7
+    """A family whose importance weights have a Pareto tail shape above this is not certifiable."""
+    samples_per_prompt: int = 8
+    """Policy samples per expert prompt for the direct estimate, KL and shortcut counts."""
+    n_boot: int = 2000
+    """Bootstrap resamples of the expert rows."""
+    level: float = 0.90
+    """Two-sided interval level."""
+    temperature: float = 1.0
+    """Sampling temperature at which the policy is deployed (and the expert set was drawn)."""
+    seed: int = 0
+    """Seed of the policy samples and the bootstrap."""
+
+    def __post_init__(self):
+        check_range("min_ess", self.min_ess, 1)
+        check_range("max_khat", self.max_khat, 0)
+        check_range("samples_per_prompt", self.samples_per_prompt, 1, integer=True)
+        check_range("n_boot", self.n_boot, 100, integer=True)
+        check_range("level", self.level, 0, 1, lo_open=True)
+        check_range("temperature", self.temperature, 0, lo_open=True)
+
+
+@torch.no_grad()
+def family_evidence(policy, reference, rm, wrapper, gold: list[dict], cfg: CertifyConfig,
+                    shortcuts: list[dict], gen: torch.Generator) -> dict:
+    """The arrays one family's estimates are computed from (numpy, one row per expert sample)."""
+    prompts, responses = D.prompts_tensor(gold), D.responses_tensor(gold)
+    log_ratios = M.sequence_logprobs(policy, prompts, responses) - M.sequence_logprobs(reference, prompts, responses)
+    K = cfg.samples_per_prompt
+    own = M.sample(policy, prompts, K, cfg.temperature, gen)           # (n*K, L), grouped by prompt
+    ref_own = M.sample(reference, prompts, K, cfg.temperature, gen)
+    prompts_rep = prompts.repeat_interleave(K, 0)
+    kl = M.sequence_logprobs(policy, prompts_rep, own) - M.sequence_logprobs(reference, prompts_rep, own)
+    ev = {"log_ratios": log_ratios.double().numpy(), "labels": np.array([r["label"] for r in gold], float),
+          "kl": float(kl.mean()),
+          "shortcuts": _shortcut_counts(shortcuts, gold, K, own, ref_own)}
+    if rm is not None:
+        gold_scores = _scores(rm, wrapper, gold, prompts, responses)
+        own_scores = _scores(rm, wrapper, [r for r in gold for _ in range(K)], prompts_rep, own)
+        ev["scores"] = gold_scores
+        ev["policy_scores"] = own_scores.reshape(len(gold), K).mean(1)  # per expert prompt
+    return ev
+
+
+def _scores(rm, wrapper, records, prompts, responses) -> np.ndarray:
+    s = R.score(rm, prompts, responses)
+    if wrapper is not None:
+        from .train_rl import apply_wrapper
+        s = apply_wrapper(wrapper, "correction", records, responses, s)
+    return s.double().numpy()
+
+
+def _shortcut_counts(shortcuts, gold, K, own, ref_own) -> list[dict]:
+    out = []
+    records = [r for r in gold for _ in range(K)]
+    for rule in shortcuts:
+        if rule["family"] != gold[0]["family"]:
+            continue
+        count = lambda ys: float(np.mean([feature_count(rule, rec, V.decode_response(y))  # noqa: E731
+                                          for rec, y in zip(records, ys.tolist())]))
+        out.append({**rule, "policy_count": count(own), "reference_count": count(ref_own)})
+    return out
+
+
+def estimate_family(ev: dict, cfg: CertifyConfig, rng: np.random.Generator) -> tuple[dict, np.ndarray, np.ndarray]:
+    """One family's report row, plus its bootstrap draws of (estimate, reference mean)."""
+    lw, y = ev["log_ratios"], ev["labels"]
+    n = len(y)
+    row = {"n": n, "reference": float(y.mean()), "snips": O.snips(lw, y), "ess": O.kish_ess(lw),
+           "max_weight_share": O.max_weight_share(lw), "khat": O.pareto_khat(lw), "kl": ev["kl"],
+           "shortcuts": ev["shortcuts"]}
+    idx = rng.integers(0, n, size=(cfg.n_boot, n))                     # (B, n)
+    ref_draws = y[idx].mean(1)
+    p = _boot_weights(lw, idx)                                          # (B, n) normalised
+    if "scores" in ev:
+        s, ps = ev["scores"], ev["policy_scores"]
+        a, b = O.linear_calibration(s, y)
+        row["direct"] = a + b * float(ps.mean())
+        row["calibration"] = {"intercept": a, "slope": b, "r": float(np.corrcoef(s, y)[0, 1]) if s.std() > 0 else 0.0}
+        row["doubly_robust"] = O.doubly_robust(lw, y, a + b * s, row["direct"])
+        row["method"] = "doubly_robust"
+        point = row["doubly_robust"]
+        sb, yb = s[idx], y[idx]
+        sc = sb - sb.mean(1, keepdims=True)
+        bb = (sc * (yb - yb.mean(1, keepdims=True))).sum(1) / ((sc * sc).sum(1) + 1e-3 * n)
+        ab = yb.mean(1) - bb * sb.mean(1)
+        direct_draws = ab + bb * ps[idx].mean(1)
+        draws = direct_draws + (p * (yb - ab[:, None] - bb[:, None] * sb)).sum(1)
+    else:
+        row["method"] = "snips"
+        point = row["snips"]
+        draws = (p * y[idx]).sum(1)
+    reasons = []
+    if row["ess"] < cfg.min_ess:
+        reasons.append(f"ESS {row['ess']:.1f} < {cfg.min_ess:g} of {n}")
+    if row["khat"] > cfg.max_khat:
+        reasons.append(f"weight tail k-hat {row['khat']:.2f} > {cfg.max_khat:g}")
+    row["certifiable"] = not reasons
+    row["reason"] = "; ".join(reasons) if reasons else "ok"
+    lo_q, hi_q = (1 - cfg.level) / 2, (1 + cfg.level) / 2
+    if row["certifiable"]:
+        row.update(estimate=point, lo=float(np.quantile(draws, lo_q)), hi=float(np.quantile(draws, hi_q)),
+                   gain=point - row["reference"], gain_lo=float(np.quantile(draws - ref_draws, lo_q)),
+                   gain_hi=float(np.quantile(draws - ref_draws, hi_q)))
+    else:
+        row.update(estimate=None, lo=None, hi=None, gain=None, gain_lo=None, gain_hi=None)
+    return row, draws, ref_draws
+
+
+def _boot_weights(lw: np.ndarray, idx: np.ndarray) -> np.ndarray:
+    lwb = lw[idx]
+    w = np.exp(lwb - lwb.max(1, keepdims=True))
+    return w / w.sum(1, keepdims=True)
+
+
+def aggregate(rows: dict, draws: dict, ref_draws: dict, weights: dict[str, float], cfg: CertifyConfig) -> dict:
+    """A family mix: certifiable only if every family with weight is."""
+    fams = [f for f, w in weights.items() if w > 0]
+    total = sum(weights[f] for f in fams)
+    wt = {f: weights[f] / total for f in fams}
+    out = {"weights": wt, "reference": sum(wt[f] * rows[f]["reference"] for f in fams)}
+    missing = [f for f in fams if f not in rows]
+    refused = [f for f in fams if f in rows and not rows[f]["certifiable"]]
+    if missing or refused:
+        why = ([f"no expert rows for {', '.join(missing)}"] if missing else []) + \
+              ([f"not certifiable: {', '.join(refused)}"] if refused else [])
+        return {**out, "certifiable": False, "reason": "; ".join(why), "estimate": None, "lo": None, "hi": None,
+                "gain": None, "gain_lo": None, "gain_hi": None}
+    est = sum(wt[f] * rows[f]["estimate"] for f in fams)
+    d = sum(wt[f] * draws[f] for f in fams)
+    dr = sum(wt[f] * ref_draws[f] for f in fams)
+    lo_q, hi_q = (1 - cfg.level) / 2, (1 + cfg.level) / 2
+    return {**out, "certifiable": True, "reason": "ok", "estimate": est,
+            "lo": float(np.quantile(d, lo_q)), "hi": float(np.quantile(d, hi_q)),
+            "gain": est - out["reference"], "gain_lo": float(np.quantile(d - dr, lo_q)),
+            "gain_hi": float(np.quantile(d - dr, hi_q))}
+
+
+def certify(policy_dir: str, reference_dir: str, gold_path: str, *, rm_dir: str | None = None,
+            correction: str | None = None, diagnostic: str | dict | None = None,
+            pilot_prompts: str | None = None, cfg: CertifyConfig = CertifyConfig()) -> dict:
+    """Certify `policy_dir` against `reference_dir` with the expert set at `gold_path`.
+
+    `rm_dir` enables the direct and doubly-robust estimates; `correction` is a reward-wrapper file
+    (from `rlhf_mlflow.correction`) applied to the reward model's scores; `diagnostic` (evidence
+    JSON, path or dict) adds the flagged shortcuts' counts under the policy and the reference;
+    `pilot_prompts` adds the `pilot` aggregate weighted by that file's family mix."""
+    gold = D.read_jsonl(gold_path, labelled=True)
+    policy, _ = M.load_policy(policy_dir)
+    reference, _ = M.load_policy(reference_dir)
+    rm = R.load_rm(rm_dir)[0] if rm_dir else None
+    from .train_rl import load_wrapper
+    wrapper = load_wrapper(correction)
+    shortcuts = _flagged_shortcuts(diagnostic)
+    gen = torch.Generator().manual_seed(cfg.seed)
+    rng = np.random.default_rng(cfg.seed)
+    rows, draws, ref_draws = {}, {}, {}
+    by_family = D.group_by_family(gold)
+    for f in V.FAMILIES:
+        if f not in by_family:
+            continue
+        if len(by_family[f]) < 10:
+            raise InputError(f"{gold_path}: family {f} has {len(by_family[f])} expert rows; certification needs >= 10")
+        ev = family_evidence(policy, reference, rm, wrapper, by_family[f], cfg, shortcuts, gen)
+        rows[f], draws[f], ref_draws[f] = estimate_family(ev, cfg, rng)
+    report = {"families": rows,
+              "balanced": aggregate(rows, draws, ref_draws, {f: 1.0 for f in V.FAMILIES}, cfg),
+              "config": asdict(cfg),
+              "inputs": {"policy": policy_dir, "reference": reference_dir, "gold": gold_path, "rm_dir": rm_dir,
+                         "correction": correction}}
+    if pilot_prompts:
+        mix = Counter(r["family"] for r in D.read_jsonl(pilot_prompts))
+        report["pilot"] = aggregate(rows, draws, ref_draws, dict(mix), cfg)
+    return report
+
+
+def _flagged_shortcuts(diagnostic) -> list[dict]:
+    """Flagged families' evidence candidates, as rules in the corruption-spec format."""
+    if diagnostic is None:
+        return []
+    if isinstance(diagnostic, str):
+        from .errors import read_json
+        diagnostic = read_json(diagnostic)
+    keys = {"token": ("token",), "pair": ("tokens",), "conditional": ("token", "attr", "value")}
+    out = []
+    for f, res in diagnostic.get("families", {}).items():
+        if not res.get("flag"):
+            continue
+        for c in res.get("evidence", []):
+            if c.get("risk", 0) >= 0.5 and c.get("kind") in keys:
+                out.append({"family": f, "kind": c["kind"], **{k: c[k] for k in keys[c["kind"]]}})
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description="Off-policy certification of a policy's true quality per family.")
+    ap.add_argument("--policy", required=True, help="policy checkpoint directory")
+    ap.add_argument("--reference", required=True, help="reference policy directory (the expert set's sampler)")
+    ap.add_argument("--gold", required=True, help="expert set: labelled JSONL of reference samples")
+    ap.add_argument("--out", required=True, help="where to write the certification JSON")
+    ap.add_argument("--rm-dir", default=None, help="reward model directory (enables the doubly-robust estimate)")
+    ap.add_argument("--correction", default=None, help="reward wrapper applied to the reward model's scores")
+    ap.add_argument("--diagnostic", default=None, help="diagnostic evidence JSON (shortcut counts)")
+    ap.add_argument("--pilot-prompts", default=None, help="prompt file whose family mix defines `pilot`")
+    ap.add_argument("--seed", type=int, default=0)
+    a = ap.parse_args(argv)
+    from .runtime import configure_threads
+    configure_threads()
+    try:
+        report = certify(a.policy, a.reference, a.gold, rm_dir=a.rm_dir, correction=a.correction,
+                         diagnostic=a.diagnostic, pilot_prompts=a.pilot_prompts, cfg=CertifyConfig(seed=a.seed))
+    except InputError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    with open(a.out, "w") as f:
+        json.dump(report, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

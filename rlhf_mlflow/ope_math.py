@@ -1,0 +1,87 @@
+"""Off-policy estimation maths: self-normalised importance sampling, effective sample size, the
+Pareto tail diagnostic and a doubly-robust estimate. Pure numpy on plain arrays.
+
+Notation: n logged samples from the reference policy, `log_ratios[i] = log pi(y_i|x_i) -
+log pi_ref(y_i|x_i)`, `labels[i]` the expert label, `predictions[i]` a direct model's prediction of
+the label for the logged sample, and `policy_mean` the direct model's mean over the policy's own
+samples.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+
+def normalised_weights(log_ratios: np.ndarray) -> np.ndarray:
+    """w_i / sum_j w_j computed stably from log-ratios."""
+    lw = np.asarray(log_ratios, dtype=float)
+    w = np.exp(lw - lw.max())
+    return w / w.sum()
+
+
+def snips(log_ratios: np.ndarray, labels: np.ndarray) -> float:
+    """Self-normalised importance-sampling estimate sum w_i y_i / sum w_i."""
+    return float(normalised_weights(log_ratios) @ np.asarray(labels, dtype=float))
+
+
+def kish_ess(log_ratios: np.ndarray) -> float:
+    """Kish effective sample size (sum w)^2 / sum w^2, between 1 and n."""
+    p = normalised_weights(log_ratios)
+    return float(1.0 / (p @ p))
+
+
+def max_weight_share(log_ratios: np.ndarray) -> float:
+    """The largest single normalised weight: 1/n when weights are equal, 1 when one sample is all."""
+    return float(normalised_weights(log_ratios).max())
+
+
+def gpd_fit(x: np.ndarray) -> tuple[float, float]:
+    """Generalised Pareto fit (shape k, scale sigma) to positive exceedances by the empirical-Bayes
+    method of Zhang & Stephens (2009), in the sign convention where k > 0 is a heavy tail, with the
+    weakly informative prior towards k = 0.5 used by PSIS (Vehtari et al.)."""
+    x = np.sort(np.asarray(x, dtype=float))
+    n = len(x)
+    m = 30 + int(np.sqrt(n))
+    b = 1.0 / x[-1] + (1.0 - np.sqrt(m / (np.arange(1, m + 1) - 0.5))) / (3.0 * x[int(n / 4 + 0.5) - 1])
+    k_b = np.log1p(-b[:, None] * x).mean(axis=1)                  # (m,)
+    log_lik = n * (np.log(-b / k_b) - k_b - 1.0)
+    post = np.exp(log_lik - log_lik.max())                        # posterior weights of the b grid
+    b_hat = float(post @ b / post.sum())
+    k = float(np.log1p(-b_hat * x).mean())
+    sigma = -k / b_hat
+    k = (n * k + 10 * 0.5) / (n + 10)
+    return k, sigma
+
+
+def pareto_khat(log_ratios: np.ndarray) -> float:
+    """PSIS tail diagnostic: the shape of a generalised Pareto fitted to the largest
+    min(n/5, 3 sqrt n) importance weights. Above ~0.7 the weights' variance is effectively infinite
+    and an importance-sampling estimate is not to be trusted."""
+    lw = np.asarray(log_ratios, dtype=float)
+    n = len(lw)
+    tail = int(min(n / 5, 3 * np.sqrt(n)))
+    if tail < 5:
+        return float("inf")
+    w = np.sort(np.exp(lw - lw.max()))
+    cutoff = w[-tail - 1]
+    excess = w[-tail:] - cutoff
+    if excess.max() <= 1e-12 * w[-1]:
+        return -np.inf  # equal weights: no tail at all
+    excess = np.maximum(excess, 1e-300)
+    return gpd_fit(excess)[0]
+
+
+def doubly_robust(log_ratios: np.ndarray, labels: np.ndarray, predictions: np.ndarray,
+                  policy_mean: float) -> float:
+    """Direct estimate corrected by the importance-weighted residuals on the logged samples:
+    E_pi[g] + sum_i w_i (y_i - g_i) / sum_i w_i."""
+    resid = np.asarray(labels, dtype=float) - np.asarray(predictions, dtype=float)
+    return float(policy_mean + normalised_weights(log_ratios) @ resid)
+
+
+def linear_calibration(scores: np.ndarray, labels: np.ndarray, ridge: float = 1e-3) -> tuple[float, float]:
+    """Least-squares a, b with labels ~ a + b * scores (a little ridge on b for degenerate scores)."""
+    s = np.asarray(scores, dtype=float)
+    y = np.asarray(labels, dtype=float)
+    sc = s - s.mean()
+    b = float(sc @ (y - y.mean()) / (sc @ sc + ridge * len(s)))
+    return float(y.mean() - b * s.mean()), b

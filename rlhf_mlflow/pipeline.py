@@ -1,0 +1,148 @@
+"""`main`: the whole story on one world, as a parent MLflow run with a child run per step.
+
+world -> replay the seed's five historical runs -> gold-free diagnostic -> correction -> corrected
+candidates (kl 0.1/800 and kl 0.05/1200 on the corrected reward) -> dev_eval, certify and release of
+every candidate, in order -> grade (the oracle's truth, never read by release) -> the champion's
+recipe trained on the oracle's true reward (this world's ceiling for that budget) -> a summary table
+built with pandas from the runs and registry versions it made.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable
+
+import pandas as pd
+
+from .recipes import CORRECTED, SEED_HISTORY
+from .reports import markdown_table
+from .tracking import registry as REG
+from .tracking import runs as T
+
+
+def _recipes(wrapper: str | None, steps_scale: float) -> list[tuple[str, dict, str, dict]]:
+    """(name, overrides, description, tags) for every candidate, history first."""
+    out = [(n, ov, note, {"rlhf.history": "seed"}) for n, (ov, note) in SEED_HISTORY.items()]
+    out += [(n, {**ov, "reward_wrapper": wrapper or None}, "Trained on the reward model minus the fitted shortcut "
+             "corrections (diagnostic -> correction).", {"rlhf.corrected": "true"}) for n, ov in CORRECTED.items()]
+    return [(n, dict(ov, steps=max(1, int(ov["steps"] * steps_scale))), d, t) for n, ov, d, t in out]
+
+
+def run_main(world_dir: str, out_dir: str, steps_scale: float = 1.0, ceiling: bool = True,
+             echo: Callable[[str], None] = print) -> pd.DataFrame:
+    from .release_run import run_certify, run_grade, run_release
+    from .rl_config_io import load_rl_config, recipe_overrides
+    from .rl_run import run_train_rl
+    from .steps import run_correction, run_dev_eval, run_diagnostic_step
+    j = lambda *p: os.path.join(world_dir, *p)  # noqa: E731
+    os.makedirs(out_dir, exist_ok=True)
+    t0 = time.perf_counter()
+    with T.tracked_run("main", {"world": os.path.abspath(world_dir), "steps_scale": steps_scale},
+                       run_name="main") as parent:
+        candidates = {}
+
+        def train(name, ov, note, tags):
+            echo(f"train_rl {name} (kl {ov['kl_coef']:g}, {ov['steps']} steps)")
+            cfg = load_rl_config(j("configs", "default.json"), recipe_overrides(ov))
+            candidates[name] = run_train_rl(cfg, world_dir=world_dir, run_name=name, description=note, tags=tags,
+                                            echo=lambda m: None, progress=False)
+
+        recipes = _recipes("", steps_scale)
+        for name, ov, note, tags in recipes:
+            if name in SEED_HISTORY:
+                train(name, ov, note, tags)
+        echo("diagnostic: auditing the reward model without expert labels")
+        diag = run_diagnostic_step(j("reward_model"), j("policy"), j("data", "prompts_train.jsonl"))
+        diag_path = os.path.join(out_dir, "diagnostic.json")
+        with open(diag_path, "w") as f:
+            json.dump(diag, f, indent=1)
+        flagged = [f for f, r in diag["families"].items() if r["flag"]]
+        echo(f"  flagged: {', '.join(flagged) or 'none'}")
+        wrapper = os.path.abspath(os.path.join(out_dir, "correction.py"))
+        rules = run_correction(diag, j("reward_model", "train.jsonl"), wrapper)
+        echo("  corrections: " + (", ".join(f"{r['family']} {_feature(r)} {r['bonus']:+.3f}" for r in rules) or "none"))
+        for name, ov, note, tags in recipes:
+            if name not in SEED_HISTORY:
+                train(name, {**ov, "reward_wrapper": wrapper if rules else None}, note, tags)
+        for name, s in candidates.items():
+            v = s["model_version"]
+            run_dev_eval(REG.version_uri(v), j("policy"), j("reward_model"), j("data", "prompts_dev.jsonl"),
+                         j("data", "gold_calib.jsonl"), run_name=f"dev_eval-{name}")
+            run_certify(version=v, world=world_dir, correction=wrapper, diagnostic=diag_path, echo=echo)
+            run_release(v, echo=echo)
+        for name, s in candidates.items():
+            run_grade(s["model_version"], world_dir, echo=lambda m: None)
+        table = summary_table(parent.info.run_id)
+        champion = REG.champion_version()
+        if ceiling and champion is not None:
+            _ceiling(world_dir, out_dir, champion, table, steps_scale, echo)
+        T.log_text(markdown_table(table), "summary.md")
+        T.log_text(table.to_csv(index=False), "summary.csv")
+        T.log_metrics({"seconds": time.perf_counter() - t0})
+    return table
+
+
+def _ceiling(world_dir, out_dir, champion, table, steps_scale, echo) -> None:
+    """Train the champion's recipe on the oracle's true reward; report the champion's truth as a
+    fraction of what that reaches (measurement only: release has already decided)."""
+    from .release_run import run_grade_checkpoint
+    from .rl_config_io import load_rl_config, recipe_overrides
+    from .rl_run import run_train_rl
+    from .world.oracle import write_oracle_reward
+    name = champion.tags.get("recipe")
+    ov = next(ov for n, ov, _, _ in _recipes(None, steps_scale) if n == name)
+    ov = {**ov, "reward_wrapper": write_oracle_reward(world_dir, os.path.abspath(os.path.join(out_dir, "oracle_reward.py")))}
+    echo(f"ceiling: {name}'s recipe on the oracle's true reward")
+    cfg = load_rl_config(os.path.join(world_dir, "configs", "default.json"), recipe_overrides(ov))
+    ckpt = os.path.join(out_dir, "ceiling_policy")
+    run_train_rl(cfg, world_dir=world_dir, out=ckpt, run_name=f"oracle-reward-{name}", register=False,
+                 tags={"rlhf.oracle": "true"}, echo=lambda m: None, progress=False)
+    truth = run_grade_checkpoint(ckpt, world_dir, run_name=f"grade-oracle-reward-{name}")["truth"]
+    ceiling_truth = truth["truth/balanced"]
+    champ_truth = float(table.loc[table["model_version"] == str(champion.version), "truth_balanced"].iloc[0])
+    table.attrs["ceiling"] = {"recipe": name, "ceiling_truth_balanced": ceiling_truth,
+                              "champion_truth_balanced": champ_truth, "fraction": champ_truth / ceiling_truth}
+    T.log_metrics({"ceiling/truth_balanced": ceiling_truth, "champion/truth_balanced": champ_truth,
+                   "champion/ceiling_fraction": champ_truth / ceiling_truth})
+
+
+def _feature(rule: dict) -> str:
+    return rule.get("token") or "+".join(rule.get("tokens", []))
+
+
+def summary_table(parent_run_id: str) -> pd.DataFrame:
+    """Per registered candidate made under `parent_run_id`: dev proxy, certified balanced quality
+    with its interval, every guardrail, the release decision and the oracle's truth."""
+    runs = T.search_runs(f"tags.mlflow.parentRunId = '{parent_run_id}'")
+    by_step = {step: frame for step, frame in runs.groupby("tags.rlhf.step")} if len(runs) else {}
+    train_ids = set(by_step.get("train_rl", pd.DataFrame(columns=["run_id"]))["run_id"])
+    versions = [v for v in REG.client().search_model_versions(f"name = '{REG.REGISTERED_MODEL}'")
+                if v.run_id in train_ids]
+    champion = REG.champion_version()
+
+    def latest(step: str, version: str, key: str):
+        frame = by_step.get(step)
+        if frame is None or key not in frame:
+            return None
+        col = "params.model_version" if step != "dev_eval" else "params.policy"
+        want = str(version) if step != "dev_eval" else REG.version_uri(version)
+        rows = frame[frame[col] == want] if col in frame else frame.iloc[0:0]
+        return None if rows.empty or pd.isna(rows.iloc[0][key]) else rows.iloc[0][key]
+
+    rows = []
+    for v in sorted(versions, key=lambda v: int(v.version)):
+        row = {"candidate": v.tags.get("recipe"), "model_version": str(v.version),
+               "dev_proxy": latest("dev_eval", v.version, "metrics.proxy_mean"),
+               "certified_balanced": latest("certify", v.version, "metrics.certified/balanced"),
+               "certified_lo": latest("certify", v.version, "metrics.certified_lo/balanced"),
+               "certified_hi": latest("certify", v.version, "metrics.certified_hi/balanced")}
+        tags = REG.get_version(v.version).tags
+        for k, val in sorted(tags.items()):
+            if k.startswith("guardrail."):
+                row[k.split(".", 1)[1]] = val.split(":", 1)[0]
+        row["decision"] = tags.get("release.decision")
+        row["champion"] = champion is not None and str(champion.version) == str(v.version)
+        row["truth_balanced"] = latest("grade", v.version, "metrics.truth/balanced")
+        rows.append(row)
+    return pd.DataFrame(rows)

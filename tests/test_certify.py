@@ -1,0 +1,82 @@
+"""Certification on a real (tiny) world: the contract, the identity case, refusal without overlap."""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+
+from rlhf_mlflow import certify
+from rlhf_mlflow import data as D
+from rlhf_mlflow import model as M
+from rlhf_mlflow.errors import InputError
+
+
+def sharpened(world: str, out: str, factor: float = 12.0) -> str:
+    """The reference with its output logits multiplied: the same modes, almost no overlap."""
+    policy, cfg = M.load_policy(os.path.join(world, "policy"))
+    with torch.no_grad():
+        policy.head.weight.mul_(factor)
+    M.save_policy(policy, cfg, out)
+    return out
+
+
+def _paths(world):
+    return os.path.join(world, "policy"), os.path.join(world, "data", "gold_calib.jsonl")
+
+
+def test_reference_certified_against_itself_recovers_the_expert_mean(tiny_world):
+    ref, gold = _paths(tiny_world)
+    report = certify.certify(ref, ref, gold, rm_dir=os.path.join(tiny_world, "reward_model"))
+    labels = D.group_by_family(D.read_jsonl(gold, labelled=True))
+    for f, row in report["families"].items():
+        mean = sum(r["label"] for r in labels[f]) / len(labels[f])
+        assert row["certifiable"] and row["reason"] == "ok"
+        assert row["ess"] == pytest.approx(len(labels[f]))          # all weights equal
+        assert row["snips"] == pytest.approx(mean)
+        assert row["reference"] == pytest.approx(mean)
+        assert row["kl"] == pytest.approx(0.0, abs=1e-4)
+        assert row["lo"] <= row["estimate"] <= row["hi"]
+        assert row["method"] == "doubly_robust"
+        assert abs(row["estimate"] - mean) < 0.06                   # DR differs only by calibration noise
+    bal = report["balanced"]
+    assert bal["certifiable"] and bal["gain_lo"] <= 0.0 <= bal["gain_hi"]
+
+
+def test_a_policy_without_overlap_is_refused_not_estimated(tiny_world, tmp_path):
+    ref, gold = _paths(tiny_world)
+    far = sharpened(tiny_world, str(tmp_path / "far"))
+    report = certify.certify(far, ref, gold)
+    refused = [f for f, r in report["families"].items() if not r["certifiable"]]
+    assert refused, report["families"]
+    for f in refused:
+        row = report["families"][f]
+        assert row["estimate"] is None and row["lo"] is None and row["gain"] is None
+        assert "ESS" in row["reason"] or "k-hat" in row["reason"]
+    assert not report["balanced"]["certifiable"] and report["balanced"]["estimate"] is None
+    assert "not certifiable" in report["balanced"]["reason"]
+
+
+def test_portable_cli_writes_the_contract(tiny_world, tmp_path):
+    ref, gold = _paths(tiny_world)
+    out = tmp_path / "cert.json"
+    assert certify.main(["--policy", ref, "--reference", ref, "--gold", gold, "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    for row in list(report["families"].values()) + [report["balanced"]]:
+        for key in ("certifiable", "estimate", "lo", "hi", "reference"):
+            assert key in row
+    for row in report["families"].values():
+        assert {"ess", "reason"} <= set(row)
+
+
+def test_bad_input_is_a_clear_error(tiny_world, tmp_path):
+    ref, gold = _paths(tiny_world)
+    bad = tmp_path / "gold.jsonl"
+    bad.write_text('{"id": "g", "family": "dune", "attrs": [0, 1, 2, 3], "response": ["pa"], "label": 0.5}\n')
+    with pytest.raises(InputError, match=r"gold.jsonl:1: 'response' must be a list of 8 tokens"):
+        certify.certify(ref, ref, str(bad))
+    assert certify.main(["--policy", str(tmp_path / "nope"), "--reference", ref, "--gold", gold,
+                         "--out", str(tmp_path / "o.json")]) == 2
+    with pytest.raises(InputError, match="n_boot"):
+        certify.CertifyConfig(n_boot=5)

@@ -1,0 +1,79 @@
+"""Release guardrails as a pure function of certification reports."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from rlhf_mlflow.errors import InputError
+from rlhf_mlflow.guardrails import NAMES, GuardrailConfig, evaluate
+
+FAMS = ["anvil", "birch", "dune"]
+
+
+def report(gain=0.08, kl=1.0, ess=40.0, shortcut=(0.2, 0.3)) -> dict:
+    fams = {}
+    for f in FAMS:
+        fams[f] = {"certifiable": True, "reason": "ok", "ess": ess, "kl": kl, "reference": 0.27,
+                   "estimate": 0.27 + gain, "gain": gain, "shortcuts": []}
+    fams["dune"]["shortcuts"] = [{"family": "dune", "kind": "token", "token": "pa",
+                                  "reference_count": shortcut[0], "policy_count": shortcut[1]}]
+    bal = {"certifiable": True, "reason": "ok", "reference": 0.27, "estimate": 0.27 + gain, "gain": gain,
+           "gain_lo": gain - 0.03, "gain_hi": gain + 0.03, "lo": 0.24 + gain, "hi": 0.30 + gain}
+    return {"families": fams, "balanced": bal}
+
+
+def failed(results):
+    return {k for k, (ok, _) in results.items() if not ok}
+
+
+def test_a_good_candidate_passes_every_guardrail():
+    results = evaluate(report())
+    assert set(results) == set(NAMES)
+    assert failed(results) == set()
+    assert all(isinstance(why, str) and why for _, why in results.values())
+
+
+def test_each_guardrail_fails_on_its_own_condition():
+    r = report(gain=0.01)
+    assert failed(evaluate(r)) == {"balanced_gain"}
+    r = report()
+    r["families"]["dune"]["gain"] = -0.05
+    results = evaluate(r)
+    assert failed(results) == {"family_change"} and "dune" in results["family_change"][1]
+    assert failed(evaluate(report(kl=4.0))) == {"family_kl"}
+    results = evaluate(report(shortcut=(0.2, 3.1)))
+    assert failed(results) == {"marker_collapse"} and "pa" in results["marker_collapse"][1]
+    r = report()
+    r["balanced"]["gain_lo"] = -0.01
+    assert failed(evaluate(r)) == {"balanced_gain"}
+    assert failed(evaluate(r, GuardrailConfig(require_significant_gain=False))) == set()
+
+
+def test_refused_certification_fails_certifiable_and_the_gains():
+    r = report()
+    r["families"]["dune"].update(certifiable=False, reason="ESS 3.0 < 10 of 100", estimate=None, gain=None, ess=3.0)
+    r["balanced"].update(certifiable=False, reason="not certifiable: dune", estimate=None, gain=None)
+    results = evaluate(r)
+    assert {"certifiable", "balanced_gain", "family_change"} <= failed(results)
+    assert "dune" in results["certifiable"][1]
+
+
+def test_a_candidate_must_beat_the_champion():
+    champion = report(gain=0.10)
+    assert failed(evaluate(report(gain=0.08), champion=champion)) == {"beats_champion"}
+    assert failed(evaluate(report(gain=0.12), champion=champion)) == set()
+    refused = copy.deepcopy(champion)
+    refused["balanced"]["certifiable"] = False
+    assert "beats_champion" in failed(evaluate(report(), champion=refused))
+
+
+def test_config_rejects_unknown_keys_and_bad_values():
+    with pytest.raises(InputError, match=r"unknown guardrail key 'max_kl'; valid keys are \[.*max_family_kl"):
+        GuardrailConfig.from_dict({"max_kl": 3})
+    assert GuardrailConfig.from_dict({"max_family_kl": "4", "require_significant_gain": "false"}) == \
+        GuardrailConfig(max_family_kl=4.0, require_significant_gain=False)
+    with pytest.raises(InputError, match="min_ess"):
+        GuardrailConfig.from_dict({"min_ess": "0"})
+    with pytest.raises(InputError, match="must be a number"):
+        GuardrailConfig.from_dict({"min_ess": "many"})

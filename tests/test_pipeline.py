@@ -1,0 +1,36 @@
+"""`main` end to end on a tiny world: one parent run, a child run per step, a summary table with a
+row per candidate, and a champion (if any) whose guardrail tags all pass."""
+from __future__ import annotations
+
+import mlflow
+import pytest
+from click.testing import CliRunner
+
+from rlhf_mlflow.cli import cli
+from rlhf_mlflow.recipes import CORRECTED, SEED_HISTORY
+
+
+@pytest.mark.slow
+def test_main_runs_the_whole_story(tiny_world, tmp_path):
+    res = CliRunner().invoke(cli, ["main", "--world", tiny_world, "--steps-scale", "0.01", "--out", str(tmp_path / "out")])
+    assert res.exit_code == 0, res.output
+    runs = mlflow.search_runs(search_all_experiments=True, output_format="list")
+    (parent,) = [r for r in runs if r.data.tags.get("rlhf.step") == "main"]
+    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
+    steps = {r.data.tags["rlhf.step"] for r in children}
+    assert {"train_rl", "diagnostic", "correction", "dev_eval", "certify", "release", "grade"} <= steps
+    assert all(r.info.status == "FINISHED" for r in children)
+    table = res.output
+    for name in list(SEED_HISTORY) + list(CORRECTED):
+        assert f"| {name} |" in table
+    client = mlflow.MlflowClient()
+    versions = client.search_model_versions("name = 'rlhf-policy'")
+    assert len(versions) == len(SEED_HISTORY) + len(CORRECTED)
+    for v in versions:
+        assert v.tags["release.decision"] in ("promoted", "refused")
+    try:
+        champ = client.get_model_version_by_alias("rlhf-policy", "champion")
+    except mlflow.exceptions.MlflowException:
+        champ = None
+    if champ is not None:
+        assert all(val.startswith("pass") for k, val in champ.tags.items() if k.startswith("guardrail."))

@@ -1,0 +1,91 @@
+"""Certify and release against a real registry: the champion alias only ever points at a version
+whose guardrail tags all pass, and bad input never moves it."""
+from __future__ import annotations
+
+import os
+
+import mlflow
+import pytest
+from click.testing import CliRunner
+
+from rlhf_mlflow.cli import cli
+from rlhf_mlflow.tracking import runs as T
+from rlhf_mlflow.tracking.policy_model import REGISTERED_MODEL, log_policy
+from test_certify import sharpened
+
+# a tiny world cannot show a real certified gain, so the first release relaxes the gain thresholds
+LENIENT = "min_balanced_gain=-1,require_significant_gain=false,min_family_change=-1"
+
+
+def _run(*args):
+    return CliRunner().invoke(cli, [str(a) for a in args])
+
+
+def _register(policy_dir: str) -> str:
+    with T.tracked_run("train_rl", {"policy": policy_dir}):
+        _, version = log_policy(policy_dir, tags={"recipe": os.path.basename(policy_dir)})
+    return version.version
+
+
+def _champion():
+    try:
+        return mlflow.MlflowClient().get_model_version_by_alias(REGISTERED_MODEL, "champion")
+    except mlflow.exceptions.MlflowException:
+        return None
+
+
+def _assert_champion_all_pass():
+    champ = _champion()
+    if champ is None:
+        return
+    guard = {k: v for k, v in champ.tags.items() if k.startswith("guardrail.")}
+    assert guard and all(v.startswith("pass") for v in guard.values()), guard
+
+
+def _last_run(step):
+    (run,) = mlflow.search_runs(search_all_experiments=True, filter_string=f"tags.`rlhf.step` = '{step}'",
+                                output_format="list", max_results=1, order_by=["attributes.start_time DESC"])
+    return run
+
+
+@pytest.mark.filterwarnings("ignore")
+def test_release_moves_the_champion_only_on_all_pass(tiny_world, tmp_path):
+    good = _register(os.path.join(tiny_world, "policy"))
+    far = _register(sharpened(tiny_world, str(tmp_path / "far")))
+    uncertified = _register(sharpened(tiny_world, str(tmp_path / "other"), factor=1.5))
+
+    # no certification yet: refused with a clear message, the run FAILED, no alias
+    res = _run("release", "--model-version", good)
+    assert res.exit_code == 1 and "has no certification" in res.output
+    assert _last_run("release").info.status == "FAILED" and _champion() is None
+
+    assert _run("certify", "--model-version", good, "--world", tiny_world).exit_code == 0
+    cert_good = mlflow.MlflowClient().get_model_version(REGISTERED_MODEL, good).tags["certification.run_id"]
+    run = mlflow.get_run(cert_good)
+    assert "certified/balanced" in run.data.metrics and "ess/dune" in run.data.metrics
+    arts = {a.path for a in mlflow.MlflowClient().list_artifacts(cert_good)}
+    assert {"certification.json", "certification.md", "figures"} <= arts
+
+    # an unknown guardrail key: refused before anything moves
+    res = _run("release", "--model-version", good, "--guardrails", "max_kl=3")
+    assert res.exit_code == 1 and "unknown guardrail key 'max_kl'" in res.output and _champion() is None
+
+    res = _run("release", "--model-version", good, "--guardrails", LENIENT)
+    assert res.exit_code == 0, res.output
+    assert _champion().version == good
+    _assert_champion_all_pass()
+
+    # a failing candidate after a passing one: tagged with what failed, alias unchanged
+    assert _run("certify", "--model-version", far, "--world", tiny_world).exit_code == 0
+    res = _run("release", "--model-version", far, "--guardrails", LENIENT)
+    assert res.exit_code == 0 and '"decision": "refused"' in res.output
+    tags = mlflow.MlflowClient().get_model_version(REGISTERED_MODEL, far).tags
+    assert tags["release.decision"] == "refused" and tags["guardrail.certifiable"].startswith("fail")
+    assert _champion().version == good
+    _assert_champion_all_pass()
+
+    # a certification of another version is refused, whoever passes it
+    res = _run("release", "--model-version", uncertified, "--certification-run", cert_good, "--guardrails", LENIENT)
+    assert res.exit_code == 1 and f"not {REGISTERED_MODEL} version {uncertified}" in res.output
+    assert _champion().version == good
+    _assert_champion_all_pass()
