@@ -79,7 +79,7 @@ def sweep_cmd(ctx, world, config_path, overrides, grid, ray_address, max_concurr
             click.echo(f"best trial: {best['trial']} (certified balanced {best['certified/balanced']:.3f}, "
                        f"rlhf-policy version {best['model_version']}, run {best['run_id']})")
             if do_release:
-                hand_to_release(str(best["model_version"]))
+                hand_to_release(str(best["model_version"]), guardrails)
         if len(failed):
             raise click.ClickException(f"{len(failed)} of {len(ranked)} trials failed: {', '.join(failed['trial'])}")
 
@@ -130,13 +130,14 @@ def _diagnostic(world_dir: str, path: str | None) -> dict | None:
     return result
 
 
-def hand_to_release(version: str) -> None:
-    """Release the sweep's best version: promoted to champion only if every guardrail passes."""
+def hand_to_release(version: str, guardrails: dict) -> None:
+    """Release the sweep's best version with the sweep's guardrail thresholds: promoted to champion
+    only if every guardrail passes (against the champion at release time)."""
     try:
         from .release_run import run_release
     except ImportError as e:
         raise click.ClickException(f"release is not available ({e})") from None
-    run_release(version, echo=click.echo)
+    run_release(version, guardrails=guardrails, echo=click.echo)
 
 
 @click.command("server")

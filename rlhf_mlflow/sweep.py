@@ -105,6 +105,10 @@ def _trainable(config: dict, trial_fn: Callable[[dict], dict]) -> None:
 def run_sweep(trial_fn: Callable[[dict], dict], recipes: list[dict], cfg: SweepConfig) -> pd.DataFrame:
     """Run one Tune trial per recipe and return one row per trial: the recipe's keys, what trial_fn
     returned, and `trial`, `status` (FINISHED or ERROR) and `error`."""
+    if not (cfg.ray_address or os.environ.get("RAY_ADDRESS")):
+        # a private Ray for this sweep talks over loopback (by default Ray advertises the machine's
+        # network address); read when ray is first imported
+        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     from ray import tune
     env = {"RAY_CHDIR_TO_TRIAL_DIR": "0",
            "OMP_NUM_THREADS": str(cfg.trial_threads), "RLHF_THREADS": str(cfg.trial_threads)}

@@ -62,7 +62,7 @@ def test_local_ray_sweep_of_four_trials(tiny_world, tmp_path):
     res = CliRunner().invoke(cli, [
         "sweep", "--world", tiny_world, "--steps", "6", "--log-every", "3", "--batch-prompts", "24",
         "--samples-per-prompt", "2", "--grid", "kl_coef=0.05,0.1", "--grid", "seed=0,1",
-        "--diagnostic", str(diagnostic),
+        "--diagnostic", str(diagnostic), *(["--release"] if "release" in cli.commands else []),
         # a 6-step policy cannot gain +0.03: loosen the gain thresholds so ranking has candidates
         "--guardrail", "min_balanced_gain=-1", "--guardrail", "require_significant_gain=false",
         "--guardrail", "min_family_change=-1", "--out", str(tmp_path / "trials.csv")], catch_exceptions=False)
@@ -95,6 +95,9 @@ def test_local_ray_sweep_of_four_trials(tiny_world, tmp_path):
         best = eligible.sort_values("certified/balanced", ascending=False).iloc[0]
         assert parent.data.tags["rlhf.best_run_id"] == best["run_id"]
         assert f"best trial: {best['trial']}" in res.output
+        if "release" in cli.commands:  # handed to release with the sweep's thresholds: promoted
+            champion = client.get_model_version_by_alias("rlhf-policy", "champion")
+            assert champion.version == str(int(best["model_version"]))
     else:
         assert parent.data.tags["rlhf.best_trial"].startswith("none")
     for column in ("guardrail/certifiable", "guardrail/marker_collapse", "certified/balanced"):
