@@ -3,8 +3,8 @@
 A trial's child run is its train_rl run (params, per-family curves, checkpoints, a registered
 version of `rlhf-policy`), tagged with the sweep's parent run id; after training the same run gets
 the trial's dev evaluation (`dev_<metric>/<family>`), its certification (`certified/<family>`,
-`certified_lo/...`, `ess/...`, the report as `certification.json`) and every release guardrail
-(`guardrail/<name>` = 1 or 0, the reasons in tags). The version is tagged `certification.run_id`
+`certified_lo/...`, `ess/...`, `certify_kl/...`, the report as `certification.json`) and every
+release guardrail (`guardrail/<name>` = 1 or 0, the reasons in tags). The version is tagged `certification.run_id`
 with that run, so `rlhf-mlflow release --model-version V` can act on the sweep's best trial as is.
 
 `run_trial` runs inside a Ray worker: everything it needs travels in a picklable TrialContext.
@@ -158,46 +158,33 @@ def evaluate_trial(policy_dir: str, cfg, ctx: TrialContext) -> dict[str, float]:
 def certify_trial(policy_dir: str, cfg, ctx: TrialContext, version: str | None
                   ) -> tuple[dict | None, dict[str, tuple[bool, str]]]:
     """THE PLUG-IN POINT for certification: certify the trial's policy against the reference with the
-    world's expert set, evaluate every release guardrail, and log both to the active (trial) run.
-    Returns (certification report or None, {guardrail: (passed, reason)})."""
+    world's expert set, evaluate every release guardrail, and log both to the active (trial) run under
+    the certify and release steps' names. Returns (report or None, {guardrail: (passed, reason)})."""
     try:
         from .. import certify as C
         from .. import guardrails as G
+        from ..release_run import certification_metrics
+        from . import registry as REG
     except ImportError as e:  # certification not installed: nothing can be ranked, and the table says so
         log.warning("certification unavailable (%s): no trial can be ranked", e)
-        gates = {"certified": (False, f"certification unavailable: {e}")}
         T.log_metrics({"guardrail/certified": 0.0})
-        return None, gates
+        return None, {"certified": (False, f"certification unavailable: {e}")}
     world = ctx.world_dir
     report = C.certify(policy_dir, cfg.policy_ref, os.path.join(world, "data", "gold_calib.jsonl"),
                        rm_dir=cfg.reward_model, correction=cfg.reward_wrapper, diagnostic=ctx.diagnostic,
                        pilot_prompts=os.path.join(world, "data", "prompts_dev.jsonl"))
     gates = G.evaluate(report, G.GuardrailConfig.from_dict(dict(ctx.guardrails)), ctx.champion)
     if version:
-        report["subject"] = {"registered_model": "rlhf-policy", "model_version": str(version)}
-    T.log_metrics({**certification_metrics(report), **{f"guardrail/{k}": float(ok) for k, (ok, _) in gates.items()}})
-    T.log_json_artifact(report, "certification.json")
+        report["subject"] = {"registered_model": REG.REGISTERED_MODEL, "model_version": str(version)}
+    # the trial run already holds train_rl's `kl/<family>` curves: certify's KL goes in beside them
+    metrics = {("certify_" + k if k.startswith("kl/") else k): v for k, v in certification_metrics(report).items()}
+    T.log_metrics({**metrics, **{f"guardrail/{k}": float(ok) for k, (ok, _) in gates.items()}})
+    T.log_json_artifact(report, REG.CERT_ARTIFACT)
     T.log_json_artifact({k: {"pass": ok, "reason": why} for k, (ok, why) in gates.items()}, "guardrails.json")
     mlflow.set_tags({f"guardrail.{k}": f"{'pass' if ok else 'fail'}: {why}"[:4900] for k, (ok, why) in gates.items()})
     if version:  # release reads the certification this tag points at
-        mlflow.MlflowClient().set_model_version_tag("rlhf-policy", str(version), "certification.run_id",
-                                                    mlflow.active_run().info.run_id)
+        REG.set_tags(version, {"certification.run_id": mlflow.active_run().info.run_id})
     return report, gates
-
-
-def certification_metrics(report: dict) -> dict[str, float]:
-    """`certified/<group>`, `certified_lo/...`, `certified_hi/...`, `gain/...`, `ess/...`, `kl/...` and
-    `certifiable/...` for each family and the balanced and pilot mixes (the certify step's names)."""
-    m = {}
-    groups = {**report["families"], **{k: report[k] for k in ("balanced", "pilot") if k in report}}
-    for g, r in groups.items():
-        m[f"certifiable/{g}"] = float(r["certifiable"])
-        for key, name in (("estimate", "certified"), ("lo", "certified_lo"), ("hi", "certified_hi"),
-                          ("gain", "gain"), ("gain_lo", "gain_lo"), ("ess", "ess"), ("reference", "reference_quality")):
-            v = r.get(key)
-            if v is not None and abs(v) != float("inf"):
-                m[f"{name}/{g}"] = float(v)
-    return m
 
 
 def _certified_columns(report: dict | None) -> dict:
