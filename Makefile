@@ -11,8 +11,9 @@ $(VENV)/.installed: pyproject.toml
 	$(VENV)/bin/pip install --quiet --disable-pip-version-check -e '.[test]'
 	touch $@
 
+# the MLproject's default entry point `main`, run by MLflow in this environment
 run: $(VENV)/.installed
-	$(PY) benchmarks/replay_seed.py
+	PATH=$(abspath $(VENV))/bin:$$PATH mlflow run . --env-manager local --experiment-name rlhf_mlflow
 
 test: $(VENV)/.installed
 	$(PY) -m pytest -q -m "not slow"
