@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import functools
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -43,9 +44,10 @@ def main() -> None:
     import mlflow
 
     from rlhf_mlflow.tracking import sweep_runs as S
-    world = a.world or ensure_world("worlds", 0, None, "full", progress=print)[0]
+    world = os.path.abspath(a.world or ensure_world("worlds", 0, None, "full", progress=print)[0])
     base = asdict(RLConfig(steps=a.steps, log_every=20).resolved(world))
     store = tempfile.mkdtemp(prefix="sweep-speed-")
+    os.chdir(store)  # the store's default artifact root ./mlruns lands there too
     mlflow.set_tracking_uri(f"sqlite:///{store}/mlflow.db")
     if a.sequential_threads:
         os.environ["RLHF_THREADS"] = str(a.sequential_threads)
@@ -74,6 +76,7 @@ def main() -> None:
         raise SystemExit(f"sweep trials failed:\n{table[['trial', 'status', 'error']]}")
     print(f"sweep (Ray Tune, {os.cpu_count()} x 1-thread trials side by side): {swept:.1f}s; trial train_rl "
           f"seconds {list(table['seconds'])}; load {load()}")
+    shutil.rmtree(store, ignore_errors=True)
     print(f"sweep_speedup: {sequential / swept:.2f}")
 
 

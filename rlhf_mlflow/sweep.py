@@ -13,6 +13,7 @@ import itertools
 import json
 import logging
 import os
+import shutil
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -114,7 +115,7 @@ def run_sweep(trial_fn: Callable[[dict], dict], recipes: list[dict], cfg: SweepC
            "OMP_NUM_THREADS": str(cfg.trial_threads), "RLHF_THREADS": str(cfg.trial_threads)}
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
     started = _ray_init(cfg, env)
-    storage = cfg.storage or tempfile.mkdtemp(prefix="rlhf-sweep-")
+    storage = cfg.storage or tempfile.mkdtemp(prefix="rlhf-sweep-")  # Tune's own records
     try:
         trainable = tune.with_resources(tune.with_parameters(_trainable, trial_fn=trial_fn),
                                         {"cpu": cfg.trial_threads})
@@ -135,6 +136,8 @@ def run_sweep(trial_fn: Callable[[dict], dict], recipes: list[dict], cfg: SweepC
         if started:
             import ray
             ray.shutdown()
+        if not cfg.storage:
+            shutil.rmtree(storage, ignore_errors=True)
     order = {trial_name(r): i for i, r in enumerate(recipes)}
     frame = pd.DataFrame(rows)
     return frame.sort_values("trial", key=lambda s: s.map(order)).reset_index(drop=True)
