@@ -53,6 +53,32 @@ def test_missing_qa_sample_is_a_clear_error(planted_world, tmp_path, capsys):
     assert not (tmp_path / "x.json").exists()
 
 
+def _run_with_rm_dir(planted_world, rm_dir, out):
+    return diagnostic.main(["--rm-dir", str(rm_dir), "--policy-dir", os.path.join(planted_world, "policy"),
+                            "--prompts", os.path.join(planted_world, "data", "prompts_train.jsonl"),
+                            "--out", str(out)])
+
+
+def test_qa_rows_with_unknown_tokens_are_a_clear_error(planted_world, tmp_path, capsys):
+    rm_dir = tmp_path / "rm"
+    shutil.copytree(os.path.join(planted_world, "reward_model"), rm_dir)
+    rows = [json.loads(line) for line in (rm_dir / "train.jsonl").read_text().splitlines()]
+    rows[1]["response"][0] = "qq"
+    (rm_dir / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert _run_with_rm_dir(planted_world, rm_dir, tmp_path / "x.json") == 2
+    err = capsys.readouterr().err
+    assert "train.jsonl:2" in err and "'qq'" in err
+
+
+def test_a_reward_model_that_does_not_load_is_a_clear_error(planted_world, tmp_path, capsys):
+    rm_dir = tmp_path / "rm"
+    shutil.copytree(os.path.join(planted_world, "reward_model"), rm_dir)
+    (rm_dir / "rm.safetensors").write_bytes(b"not a safetensors file")
+    assert _run_with_rm_dir(planted_world, rm_dir, tmp_path / "x.json") == 2
+    assert "rm.safetensors: not a readable safetensors file" in capsys.readouterr().err
+    assert not (tmp_path / "x.json").exists()
+
+
 def test_diagnostic_and_correct_commands_log_runs_and_write_a_working_wrapper(planted_world, tmp_path):
     import mlflow
     from click.testing import CliRunner
@@ -78,3 +104,36 @@ def test_diagnostic_and_correct_commands_log_runs_and_write_a_working_wrapper(pl
     toks = [["ka", "ka"] + ["ba"] * 6, ["ka"] * 8]
     out = transform(recs, toks, [5.0, 5.0])
     assert out == pytest.approx([5.0 - 2 * rules[0]["bonus"], 5.0])
+
+
+@pytest.mark.slow
+def test_a_pair_and_a_conditional_premium_in_a_trained_reward_model_are_found(planted_world, tmp_path):
+    """Rebuild the planted world (same seed, so the same reference policy) with a premium on the pair
+    the reference writes most often in cobalt, and a penalty on fjord's most frequent token when
+    attrs[2] == 3."""
+    import torch
+
+    from rlhf_mlflow import data as D
+    from rlhf_mlflow import model as M
+    from rlhf_mlflow import vocab as V
+    policy, _ = M.load_policy(os.path.join(planted_world, "policy"))
+    prompts = D.group_by_family(D.read_jsonl(os.path.join(planted_world, "data", "prompts_train.jsonl")))
+
+    def samples(family):
+        p = D.prompts_tensor(prompts[family])
+        return M.sample(policy, p, 4, 1.2, torch.Generator().manual_seed(0)) - V.CONTENT_LO  # (N, L)
+
+    y = samples("cobalt")
+    a, b = divmod(int(torch.bincount((y[:, :-1] * V.N_CONTENT + y[:, 1:]).flatten()).argmax()), V.N_CONTENT)
+    pair, token = [V.CONTENT[a], V.CONTENT[b]], V.CONTENT[int(torch.bincount(samples("fjord").flatten()).argmax())]
+    spec = [{"family": "cobalt", "kind": "pair", "tokens": pair, "bonus": 1.2},
+            {"family": "fjord", "kind": "conditional", "token": token, "attr": 2, "value": 3, "bonus": -1.5}]
+    path = str(tmp_path / "w")
+    build_world(path, seed=11, spec=spec, scale="test", n_crowd=400, n_qa=100,
+                rm=RMConfig(epochs=30, batch_size=128, lr=2e-3, lr_schedule="cosine"))
+    fams = diagnostic.run_diagnostic(os.path.join(path, "reward_model"), os.path.join(path, "policy"),
+                                     os.path.join(path, "data", "prompts_train.jsonl"))["families"]
+    assert {f for f, v in fams.items() if v["flag"]} == {"cobalt", "fjord"}
+    named = {(c["kind"], str(c.get("tokens") or c["token"]), c.get("attr"), c.get("value"))
+             for f in ("cobalt", "fjord") for c in fams[f]["evidence"] if c["risk"] >= 0.5}
+    assert ("pair", str(pair), None, None) in named and ("conditional", token, 2, 3) in named
