@@ -101,6 +101,7 @@ def test_four_concurrent_writers_lose_no_metric_point_on_the_server(pg_server):
     assert result["runs"] == 4 and result["stored"] == result["expected"], result
 
 
+@pytest.mark.slow  # ~80 s; the server variant above is the acceptance test
 def test_four_concurrent_writers_on_a_sqlite_file(tmp_path):
     """The same writers on MLflow's default store, a sqlite file (created before they start)."""
     result = _concurrent_writers(f"sqlite:///{tmp_path}/writers.db")
