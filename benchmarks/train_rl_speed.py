@@ -2,8 +2,10 @@
 
     python benchmarks/train_rl_speed.py [--steps 200] [--repeats 3] [--world DIR]
 
-Prints steps/s of each loop (median of --repeats), the per-step time split (sample, score,
-backward), times of the other steps on the same world, and last `speedup: X.XX` (ours / seed's).
+Runs the two loops alternately (--repeats times each, B=16 x G=8) and prints steps/s of each (median),
+the per-step time split (sample, score, backward; mean over repeats), the load average before and
+after (the ratio is robust to a shared machine, absolute times are not), the other steps' times on the
+same world, a markdown table for the README, and last `speedup: X.XX` (ours / seed-faithful).
 """
 from __future__ import annotations
 
@@ -11,7 +13,10 @@ import argparse
 import os
 import statistics
 import sys
+import tempfile
 import time
+from collections.abc import Callable
+from dataclasses import replace
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -22,17 +27,75 @@ from rlhf_mlflow import reward_model as R  # noqa: E402
 from rlhf_mlflow.evaluate import dev_eval  # noqa: E402
 from rlhf_mlflow.runtime import configure_threads  # noqa: E402
 from rlhf_mlflow.train_rl import RLConfig, train_rl  # noqa: E402
-from rlhf_mlflow.world.build import ensure_world  # noqa: E402
+from rlhf_mlflow.world.build import build_world, ensure_world  # noqa: E402
+
+PHASES = ("sample", "score", "backward")
 
 
-def timed(fn) -> float:
+def timed(fn: Callable[[], object]) -> float:
     t = time.perf_counter()
     fn()
     return time.perf_counter() - t
 
 
-def split(t: dict, steps: int) -> str:
-    return " ".join(f"{k} {1000 * v / steps:.1f}ms" for k, v in t.items())
+def load() -> str:
+    return "load average " + " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def compare_loops(cfg: RLConfig, repeats: int) -> dict[str, dict]:
+    """Alternate the two loops; per loop, steps/s of each repeat and the mean per-step split (ms)."""
+    out = {name: {"rates": [], "split": dict.fromkeys(PHASES, 0.0)} for name in ("seed", "ours")}
+    warm = replace(cfg, steps=3, log_every=3)  # one-time costs (lazy library init, first allocations) off the clock
+    seed_loop.train(warm)
+    train_rl(warm)
+    for r in range(repeats):
+        for name, run in (("seed", seed_loop.train), ("ours", lambda c, t: train_rl(c, timings=t))):
+            t: dict[str, float] = {}
+            secs = timed(lambda: run(cfg, t))
+            out[name]["rates"].append(cfg.steps / secs)
+            for k in PHASES:
+                out[name]["split"][k] += 1000 * t[k] / cfg.steps / repeats
+            print(f"  run {r + 1} {name}: {cfg.steps / secs:6.2f} steps/s  "
+                  + " ".join(f"{k} {1000 * t[k] / cfg.steps:.1f}ms" for k in PHASES), flush=True)
+    return out
+
+
+def other_steps(world: str) -> dict[str, float | None]:
+    """Seconds for dev_eval, the diagnostic, certify and a test-scale world build on `world`."""
+    j = lambda *p: os.path.join(world, *p)  # noqa: E731
+    policy, ref = M.load_policy(j("policy"))[0], M.load_policy(j("policy"))[0]
+    rm = R.load_rm(j("reward_model"))[0]
+    dev, gold = D.read_jsonl(j("data", "prompts_dev.jsonl")), D.read_jsonl(j("data", "gold_calib.jsonl"))
+    out: dict[str, float | None] = {"dev_eval": timed(lambda: dev_eval(policy, ref, rm, dev, gold))}
+    try:
+        from rlhf_mlflow.diagnostic import run_diagnostic
+        out["diagnostic"] = timed(lambda: run_diagnostic(j("reward_model"), j("policy"),
+                                                         j("data", "prompts_train.jsonl")))
+    except ImportError:
+        out["diagnostic"] = None
+    try:
+        from rlhf_mlflow.certify import certify
+        out["certify"] = timed(lambda: certify(j("policy"), j("policy"), j("data", "gold_calib.jsonl"),
+                                               rm_dir=j("reward_model")))
+    except ImportError:
+        out["certify"] = None
+    with tempfile.TemporaryDirectory() as tmp:
+        out["build_world (test scale)"] = timed(lambda: build_world(os.path.join(tmp, "w"), 0, None, "test"))
+    return out
+
+
+def table(loops: dict[str, dict], steps: int, threads: int, others: dict[str, float | None]) -> str:
+    """The README's performance table (markdown)."""
+    rows = ["| | steps/s | ms/step | sample | score | backward |", "|---|---:|---:|---:|---:|---:|"]
+    for name, label in (("seed", "seed-faithful loop"), ("ours", "train_rl")):
+        rate, s = statistics.median(loops[name]["rates"]), loops[name]["split"]
+        rows.append(f"| {label} | {rate:.1f} | {1000 / rate:.1f} | " + " | ".join(f"{s[k]:.1f}" for k in PHASES) + " |")
+    speedup = statistics.median(loops["ours"]["rates"]) / statistics.median(loops["seed"]["rates"])
+    rows.append(f"\nB=16 x G=8, {steps} steps, median of {len(loops['ours']['rates'])}, {threads} threads; "
+                f"times in ms per step; speedup {speedup:.2f}x.\n")
+    rows += ["| step | seconds |", "|---|---:|"]
+    rows += [f"| {k} | {'n/a' if v is None else f'{v:.2f}'} |" for k, v in others.items()]
+    return "\n".join(rows)
 
 
 def main() -> None:
@@ -44,46 +107,22 @@ def main() -> None:
     threads = configure_threads()
     world = a.world or ensure_world("worlds", 0, None, "full", progress=print)[0]
     cfg = RLConfig(steps=a.steps, log_every=a.steps, batch_prompts=16, samples_per_prompt=8).resolved(world)
-    print(f"world {world}; B=16 G=8, {a.steps} steps, {threads} threads, median of {a.repeats}")
-    rates = {"seed": [], "ours": []}
-    splits = {"seed": {}, "ours": {}}
-    for r in range(a.repeats):
-        for name in ("seed", "ours"):
-            t = {}
-            if name == "seed":
-                secs = timed(lambda: seed_loop.train(cfg, t))
-            else:
-                secs = timed(lambda: train_rl(cfg, timings=t))
-            rates[name].append(a.steps / secs)
-            splits[name] = t
-            print(f"  run {r + 1} {name}: {a.steps / secs:.2f} steps/s ({split(t, a.steps)})", flush=True)
-    seed_rate, ours_rate = statistics.median(rates["seed"]), statistics.median(rates["ours"])
-    print(f"seed-faithful loop: {seed_rate:.2f} steps/s  [{split(splits['seed'], a.steps)}]")
-    print(f"ours:               {ours_rate:.2f} steps/s  [{split(splits['ours'], a.steps)}]")
-
-    policy, ref = M.load_policy(os.path.join(world, "policy"))[0], M.load_policy(os.path.join(world, "policy"))[0]
-    rm = R.load_rm(os.path.join(world, "reward_model"))[0]
-    dev = D.read_jsonl(os.path.join(world, "data", "prompts_dev.jsonl"))
-    gold = D.read_jsonl(os.path.join(world, "data", "gold_calib.jsonl"))
-    print(f"dev_eval: {timed(lambda: dev_eval(policy, ref, rm, dev, gold)):.2f}s")
-    try:
-        from rlhf_mlflow.diagnostic import run_diagnostic
-        print(f"diagnostic: {timed(lambda: run_diagnostic(os.path.join(world, 'reward_model'), os.path.join(world, 'policy'), os.path.join(world, 'data', 'prompts_train.jsonl'))):.2f}s")
-    except ImportError:
-        print("diagnostic: not built yet")
-    try:
-        from rlhf_mlflow.certify import certify_policy
-        print(f"certify: {timed(lambda: certify_policy(policy, ref, gold)):.2f}s")
-    except ImportError:
-        print("certify: not built yet")
-    import tempfile
-    from rlhf_mlflow.world.build import build_world
-    with tempfile.TemporaryDirectory() as tmp:
-        print(f"build_world (test scale): {timed(lambda: build_world(os.path.join(tmp, 'w'), 0, None, 'test')):.2f}s")
+    print(f"world {world}; B=16 G=8, {a.steps} steps, {threads} threads, median of {a.repeats}; {load()}")
+    loops = compare_loops(cfg, a.repeats)
+    for name, label in (("seed", "seed-faithful loop"), ("ours", "ours")):
+        s = loops[name]["split"]
+        print(f"{label + ':':20s}{statistics.median(loops[name]['rates']):6.2f} steps/s  per step: "
+              + ", ".join(f"{k} {s[k]:.1f}ms" for k in PHASES))
+    print(f"after the loops: {load()}")
+    others = other_steps(world)
+    for k, v in others.items():
+        print(f"{k}: {'not built yet' if v is None else f'{v:.2f}s'}")
     if a.world is None:
         secs = ensure_world("worlds", 0, None, "full")[1]["timings"]["total_s"]
         print(f"build_world (full): {secs:.1f}s, as recorded in its manifest when it was built")
-    print(f"speedup: {ours_rate / seed_rate:.2f}")
+    print("\n" + table(loops, a.steps, threads, others) + "\n")
+    speedup = statistics.median(loops["ours"]["rates"]) / statistics.median(loops["seed"]["rates"])
+    print(f"speedup: {speedup:.2f}")
 
 
 if __name__ == "__main__":

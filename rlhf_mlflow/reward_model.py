@@ -26,9 +26,12 @@ class RewardModel(Trunk):
         d = cfg["d_model"]
         self.head = nn.Sequential(nn.Linear(d, d), nn.GELU(), nn.Linear(d, 1))
 
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        """ids (B, T) -> scalar reward (B,); bidirectional attention, mean-pooled."""
-        pooled = self.hidden(ids, causal=False).mean(1)  # (B, d)
+    def forward(self, ids: torch.Tensor, table: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        """ids (B, T) -> scalar reward (B,); bidirectional attention, mean-pooled.
+
+        `table` is first_layer_table(), to look the first block up instead of running it per token.
+        """
+        pooled = self.hidden(ids, causal=False, table=table).mean(1)  # (B, d)
         return self.head(pooled).squeeze(-1)
 
 
@@ -44,8 +47,14 @@ def load_rm(ckpt_dir: str) -> tuple[RewardModel, dict]:
 
 
 @torch.inference_mode()
-def score(rm: RewardModel, prompts_rep: torch.Tensor, responses: torch.Tensor, batch: int = 4096) -> torch.Tensor:
-    """Reward-model scores (N,) of responses (N, L) given repeated prompts (N, P)."""
-    out = [rm(torch.cat([prompts_rep[i:i + batch], responses[i:i + batch]], 1))
+def score(rm: RewardModel, prompts_rep: torch.Tensor, responses: torch.Tensor, batch: int = 4096,
+          table: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+    """Reward-model scores (N,) of responses (N, L) given repeated prompts (N, P).
+
+    `table` (rm.first_layer_table()) may be passed in by callers that score many batches with frozen weights.
+    """
+    if table is None:
+        table = rm.first_layer_table()
+    out = [rm(torch.cat([prompts_rep[i:i + batch], responses[i:i + batch]], 1), table)
            for i in range(0, prompts_rep.shape[0], batch)]
     return torch.cat(out) if out else torch.zeros(0)
