@@ -135,13 +135,7 @@ def estimate_family(ev: dict, cfg: CertifyConfig, rng: np.random.Generator) -> t
         row["method"] = "snips"
         point = row["snips"]
         draws = (p * y[idx]).sum(1)
-    reasons = []
-    if row["ess"] < cfg.min_ess:
-        reasons.append(f"ESS {row['ess']:.1f} < {cfg.min_ess:g} of {n}")
-    if row["khat"] > cfg.max_khat:
-        reasons.append(f"weight tail k-hat {row['khat']:.2f} > {cfg.max_khat:g}")
-    row["certifiable"] = not reasons
-    row["reason"] = "; ".join(reasons) if reasons else "ok"
+    row.update(support(row["ess"], row["khat"], n, cfg))
     lo_q, hi_q = (1 - cfg.level) / 2, (1 + cfg.level) / 2
     if row["certifiable"]:
         row.update(estimate=point, lo=float(np.quantile(draws, lo_q)), hi=float(np.quantile(draws, hi_q)),
@@ -150,6 +144,33 @@ def estimate_family(ev: dict, cfg: CertifyConfig, rng: np.random.Generator) -> t
     else:
         row.update(estimate=None, lo=None, hi=None, gain=None, gain_lo=None, gain_hi=None)
     return row, draws, ref_draws
+
+
+def support(ess: float, khat: float, n: int, cfg: CertifyConfig) -> dict:
+    """Whether importance weights with this ESS and tail shape can carry an estimate, and why not."""
+    reasons = []
+    if ess < cfg.min_ess:
+        reasons.append(f"ESS {ess:.1f} < {cfg.min_ess:g} of {n}")
+    if khat > cfg.max_khat:
+        reasons.append(f"weight tail k-hat {khat:.2f} > {cfg.max_khat:g}")
+    return {"certifiable": not reasons, "reason": "; ".join(reasons) if reasons else "ok"}
+
+
+@torch.no_grad()
+def weight_support(policy: M.Policy, reference: M.Policy, gold: list[dict],
+                   cfg: CertifyConfig = CertifyConfig()) -> dict[str, dict]:
+    """Per family of the expert set: ESS, k-hat and whether certify could give it a number.
+
+    Uses the expert prompts and responses only, never their labels, so choosing among checkpoints
+    by it does not bias the chosen one's certified estimate."""
+    out = {}
+    for f, rows in D.group_by_family(gold).items():
+        prompts, responses = D.prompts_tensor(rows), D.responses_tensor(rows)
+        lw = (M.sequence_logprobs(policy, prompts, responses)
+              - M.sequence_logprobs(reference, prompts, responses)).double().numpy()
+        ess, khat = O.kish_ess(lw), O.pareto_khat(lw)
+        out[f] = {"ess": ess, "khat": khat, **support(ess, khat, len(rows), cfg)}
+    return out
 
 
 def _boot_weights(lw: np.ndarray, idx: np.ndarray) -> np.ndarray:

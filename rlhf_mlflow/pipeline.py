@@ -1,7 +1,8 @@
 """`main`: the whole story on one world, as a parent MLflow run with a child run per step.
 
 world -> replay the seed's five historical runs -> gold-free diagnostic -> correction -> corrected
-candidates (kl 0.1/800 and kl 0.05/1200 on the corrected reward) -> dev_eval, certify and release of
+candidates (kl 0.1/800 and kl 0.05/1200 on the corrected reward, each registered at its latest
+checkpoint that the expert set can still certify) -> dev_eval, certify and release of
 every candidate, in order -> grade (the oracle's truth, never read by release) -> the champion's
 recipe trained on the oracle's true reward (this world's ceiling for that budget) -> a summary table
 built with pandas from the runs and registry versions it made.
@@ -42,11 +43,11 @@ def run_main(world_dir: str, out_dir: str, steps_scale: float = 1.0, ceiling: bo
                        run_name="main") as parent:
         candidates = {}
 
-        def train(name, ov, note, tags):
+        def train(name, ov, note, tags, select=None):
             echo(f"train_rl {name} (kl {ov['kl_coef']:g}, {ov['steps']} steps)")
             cfg = load_rl_config(j("configs", "default.json"), recipe_overrides(ov))
             candidates[name] = run_train_rl(cfg, world_dir=world_dir, run_name=name, description=note, tags=tags,
-                                            echo=lambda m: None, progress=False)
+                                            echo=lambda m: None, progress=False, select=select)
 
         recipes = _recipes("", steps_scale)
         for name, ov, note, tags in recipes:
@@ -62,9 +63,11 @@ def run_main(world_dir: str, out_dir: str, steps_scale: float = 1.0, ceiling: bo
         wrapper = os.path.abspath(os.path.join(out_dir, "correction.py"))
         rules = run_correction(diag, j("reward_model", "train.jsonl"), wrapper)
         echo("  corrections: " + (", ".join(f"{r['family']} {_feature(r)} {r['bonus']:+.3f}" for r in rules) or "none"))
+        select = latest_certifiable(world_dir, echo)
         for name, ov, note, tags in recipes:
             if name not in SEED_HISTORY:
-                train(name, {**ov, "reward_wrapper": wrapper if rules else None}, note, tags)
+                train(name, {**ov, "reward_wrapper": wrapper if rules else None,
+                             "save_every": max(1, ov["steps"] // CHECKPOINTS)}, note, tags, select)
         for name, s in candidates.items():
             v = s["model_version"]
             run_dev_eval(REG.version_uri(v), j("policy"), j("reward_model"), j("data", "prompts_dev.jsonl"),
@@ -83,6 +86,32 @@ def run_main(world_dir: str, out_dir: str, steps_scale: float = 1.0, ceiling: bo
     return table
 
 
+CHECKPOINTS = 4  # a corrected candidate is saved at each quarter of its steps
+
+
+def latest_certifiable(world_dir: str, echo: Callable[[str], None]) -> Callable[[list[tuple[int, str]]], int]:
+    """A checkpoint chooser for run_train_rl: the latest checkpoint whose every family the expert set
+    can still certify (ESS and weight tail, from the expert responses alone: labels are not read, so
+    the choice does not bias the certified estimate); the final one when none can be."""
+    from . import certify as C
+    from . import data as D
+    from . import model as M
+    reference = M.load_policy(os.path.join(world_dir, "policy"))[0]
+    gold = D.read_jsonl(os.path.join(world_dir, "data", "gold_calib.jsonl"), labelled=True)
+
+    def select(saved: list[tuple[int, str]]) -> int:
+        for step, path in reversed(saved):
+            support = C.weight_support(M.load_policy(path)[0], reference, gold)
+            short = {f: r["reason"] for f, r in support.items() if not r["certifiable"]}
+            if not short:
+                echo(f"  registering step {step}: every family certifiable")
+                return step
+            echo(f"  step {step}: " + "; ".join(f"{f} {why}" for f, why in short.items()))
+        echo("  no checkpoint certifiable: registering the final one")
+        return saved[-1][0]
+    return select
+
+
 def _ceiling(world_dir, out_dir, champion, table, steps_scale, echo) -> None:
     """Train the champion's recipe on the oracle's true reward; report the champion's truth as a
     fraction of what that reaches (measurement only: release has already decided)."""
@@ -92,8 +121,8 @@ def _ceiling(world_dir, out_dir, champion, table, steps_scale, echo) -> None:
     from .world.oracle import write_oracle_reward
     name = champion.tags.get("recipe")
     ov = next(ov for n, ov, _, _ in _recipes(None, steps_scale) if n == name)
-    ov = {**ov, "reward_wrapper": write_oracle_reward(world_dir, os.path.abspath(os.path.join(out_dir, "oracle_reward.py")))}
-    echo(f"ceiling: {name}'s recipe on the oracle's true reward")
+    ov = {**ov, "steps": int(champion.tags.get("checkpoint_step") or ov["steps"]), "reward_wrapper": write_oracle_reward(world_dir, os.path.abspath(os.path.join(out_dir, "oracle_reward.py")))}
+    echo(f"ceiling: {name}'s recipe ({ov['steps']} steps) on the oracle's true reward")
     cfg = load_rl_config(os.path.join(world_dir, "configs", "default.json"), recipe_overrides(ov))
     ckpt = os.path.join(out_dir, "ceiling_policy")
     run_train_rl(cfg, world_dir=world_dir, out=ckpt, run_name=f"oracle-reward-{name}", register=False,
@@ -101,7 +130,7 @@ def _ceiling(world_dir, out_dir, champion, table, steps_scale, echo) -> None:
     truth = run_grade_checkpoint(ckpt, world_dir, run_name=f"grade-oracle-reward-{name}")["truth"]
     ceiling_truth = truth["truth/balanced"]
     champ_truth = float(table.loc[table["model_version"] == str(champion.version), "truth_balanced"].iloc[0])
-    table.attrs["ceiling"] = {"recipe": name, "ceiling_truth_balanced": ceiling_truth,
+    table.attrs["ceiling"] = {"recipe": name, "steps": ov["steps"], "ceiling_truth_balanced": ceiling_truth,
                               "champion_truth_balanced": champ_truth, "fraction": champ_truth / ceiling_truth}
     T.log_metrics({"ceiling/truth_balanced": ceiling_truth, "champion/truth_balanced": champ_truth,
                    "champion/ceiling_fraction": champ_truth / ceiling_truth})
@@ -133,6 +162,7 @@ def summary_table(parent_run_id: str) -> pd.DataFrame:
     rows = []
     for v in sorted(versions, key=lambda v: int(v.version)):
         row = {"candidate": v.tags.get("recipe"), "model_version": str(v.version),
+               "step": int(v.tags["checkpoint_step"]) if v.tags.get("checkpoint_step") else None,
                "dev_proxy": latest("dev_eval", v.version, "metrics.proxy_mean"),
                "certified_balanced": latest("certify", v.version, "metrics.certified/balanced"),
                "certified_lo": latest("certify", v.version, "metrics.certified_lo/balanced"),

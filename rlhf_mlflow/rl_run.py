@@ -28,8 +28,12 @@ def world_params(world_dir: str | None) -> dict:
 def run_train_rl(cfg: RLConfig, world_dir: str | None = None, out: str | None = None,
                  run_name: str | None = None, register: bool = True,
                  echo: Callable[[str], None] = print, progress: bool = True, description: str | None = None,
-                 tags: dict | None = None) -> dict:
-    """Train, log and register. Returns a summary (run id, model version, final metrics)."""
+                 tags: dict | None = None, select: Callable[[list[tuple[int, str]]], int] | None = None) -> dict:
+    """Train, log and register. Returns a summary (run id, model version, final metrics).
+
+    `select`, given the checkpoints as (step, directory) in step order (the final one last), returns
+    the step whose policy is registered (default: the final one); the version is tagged with it.
+    """
     recipe = run_name or f"kl{cfg.kl_coef:g}-s{cfg.steps}"
     params = {**asdict(cfg), **world_params(world_dir)}
     if cfg.reward_wrapper:
@@ -50,10 +54,13 @@ def run_train_rl(cfg: RLConfig, world_dir: str | None = None, out: str | None = 
             logger(step, metrics)
             bar(step, metrics)
 
+        saved = []
+
         def on_checkpoint(step, policy):
             path = os.path.join(out or tmp, f"step_{step}")
             M.save_policy(policy, policy.cfg, path)
             T.log_artifact(path, f"checkpoints/step_{step}")
+            saved.append((step, path))
 
         try:
             result = train_rl(cfg, on_log=on_log, on_checkpoint=on_checkpoint)
@@ -73,10 +80,15 @@ def run_train_rl(cfg: RLConfig, world_dir: str | None = None, out: str | None = 
         summary = {"run_id": run.info.run_id, "recipe": recipe, "seconds": round(result.seconds, 1),
                    **{k: v for k, v in result.history[-1][1].items() if k.endswith("/balanced")}}
         if register:
-            info, version = log_policy(ckpt_root, tags={"run_id": run.info.run_id, "recipe": recipe,
-                                                        "world_hash": params.get("world_hash", "")})
-            summary.update(model_id=info.model_id, model_version=version.version)
-            echo(f"registered rlhf-policy version {version.version} (run {run.info.run_id})")
+            saved.append((cfg.steps, ckpt_root))
+            step = cfg.steps if select is None else select(saved)
+            path = dict(saved)[step]
+            T.set_tags({"rlhf.registered_step": str(step)})
+            info, version = log_policy(path, tags={"run_id": run.info.run_id, "recipe": recipe,
+                                                   "world_hash": params.get("world_hash", ""),
+                                                   "checkpoint_step": str(step)})
+            summary.update(model_id=info.model_id, model_version=version.version, registered_step=step)
+            echo(f"registered rlhf-policy version {version.version} (run {run.info.run_id}, step {step})")
     return summary
 
 

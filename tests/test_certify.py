@@ -80,3 +80,17 @@ def test_bad_input_is_a_clear_error(tiny_world, tmp_path):
                          "--out", str(tmp_path / "o.json")]) == 2
     with pytest.raises(InputError, match="n_boot"):
         certify.CertifyConfig(n_boot=5)
+
+
+def test_weight_support_agrees_with_certify_without_reading_labels(tiny_world, tmp_path):
+    ref, gold = _paths(tiny_world)
+    far = sharpened(tiny_world, str(tmp_path / "far"))
+    rows = D.read_jsonl(gold, labelled=True)
+    unlabelled = [{**r, "label": None} for r in rows]  # labels are not looked at
+    report = certify.certify(far, ref, gold)
+    support = certify.weight_support(M.load_policy(far)[0], M.load_policy(ref)[0], unlabelled)
+    assert set(support) == set(report["families"])
+    for f, s in support.items():
+        row = report["families"][f]
+        assert s["ess"] == pytest.approx(row["ess"]) and s["certifiable"] == row["certifiable"]
+        assert s["reason"] == row["reason"]

@@ -135,3 +135,33 @@ def test_build_world_run_logs_the_world(tmp_path):
     names = {d.dataset.name for d in run.inputs.dataset_inputs}
     assert names == {"prompts_train.jsonl", "prompts_dev.jsonl", "gold_calib.jsonl", "train.jsonl"}
     assert [a.path for a in mlflow.MlflowClient().list_artifacts(run.info.run_id)] == ["manifest.json"]
+
+
+def test_train_rl_registers_the_checkpoint_a_chooser_picks(tiny_world):
+    """`select` sees every checkpoint in step order (the final one last); the version registered is
+    the chosen checkpoint's policy, tagged with its step."""
+    from safetensors.torch import load_file
+
+    from rlhf_mlflow.rl_config_io import load_rl_config
+    from rlhf_mlflow.rl_run import run_train_rl
+    from rlhf_mlflow.tracking.policy_model import resolve_policy
+    cfg = load_rl_config(os.path.join(tiny_world, "configs", "default.json"),
+                         ["steps=6", "save_every=2", "batch_prompts=4", "samples_per_prompt=2", "log_every=2"])
+    seen = []
+
+    def pick_second(saved):
+        seen.extend(s for s, _ in saved)
+        return saved[1][0]
+    summary = run_train_rl(cfg, world_dir=tiny_world, run_name="chosen", select=pick_second, progress=False,
+                           echo=lambda m: None)
+    assert seen == [2, 4, 6] and summary["registered_step"] == 4
+    client = mlflow.MlflowClient()
+    version = client.get_model_version("rlhf-policy", str(summary["model_version"]))
+    assert version.tags["checkpoint_step"] == "4"
+    run_id = summary["run_id"]
+    assert client.get_run(run_id).data.tags["rlhf.registered_step"] == "4"
+    registered = load_file(resolve_policy(f"models:/rlhf-policy/{version.version}")[0] + "/policy.safetensors")
+    step4 = load_file(client.download_artifacts(run_id, "checkpoints/step_4") + "/policy.safetensors")
+    final = load_file(client.download_artifacts(run_id, "checkpoints/final") + "/policy.safetensors")
+    assert all((registered[k] == step4[k]).all() for k in step4)
+    assert any((registered[k] != final[k]).any() for k in final)

@@ -91,6 +91,10 @@ class MetricLogger:
         self._last = time.monotonic()
 
 
+def set_tags(tags: dict) -> None:
+    mlflow.set_tags({k: str(v) for k, v in tags.items()})
+
+
 def log_metrics(metrics: dict, step: int | None = None, model_id: str | None = None) -> None:
     mlflow.log_metrics({k: float(v) for k, v in metrics.items()}, step=step, model_id=model_id)
 
