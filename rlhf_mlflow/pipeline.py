@@ -13,6 +13,7 @@ import json
 import os
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import pandas as pd
 
@@ -33,26 +34,12 @@ def _recipes(wrapper: str | None, steps_scale: float) -> list[tuple[str, dict, s
 def run_main(world_dir: str, out_dir: str, steps_scale: float = 1.0, ceiling: bool = True,
              echo: Callable[[str], None] = print) -> pd.DataFrame:
     from .release_run import run_certify, run_grade, run_release
-    from .rl_config_io import load_rl_config, recipe_overrides
-    from .rl_run import run_train_rl
     from .steps import run_correction, run_dev_eval, run_diagnostic_step
     j = lambda *p: os.path.join(world_dir, *p)  # noqa: E731
     os.makedirs(out_dir, exist_ok=True)
     t0 = time.perf_counter()
     with T.tracked_run("main", {"world": os.path.abspath(world_dir), "steps_scale": steps_scale},
                        run_name="main") as parent:
-        candidates = {}
-
-        def train(name, ov, note, tags, select=None):
-            echo(f"train_rl {name} (kl {ov['kl_coef']:g}, {ov['steps']} steps)")
-            cfg = load_rl_config(j("configs", "default.json"), recipe_overrides(ov))
-            candidates[name] = run_train_rl(cfg, world_dir=world_dir, run_name=name, description=note, tags=tags,
-                                            echo=lambda m: None, progress=False, select=select)
-
-        recipes = _recipes("", steps_scale)
-        for name, ov, note, tags in recipes:
-            if name in SEED_HISTORY:
-                train(name, ov, note, tags)
         echo("diagnostic: auditing the reward model without expert labels")
         diag = run_diagnostic_step(j("reward_model"), j("policy"), j("data", "prompts_train.jsonl"))
         diag_path = os.path.join(out_dir, "diagnostic.json")
@@ -63,11 +50,14 @@ def run_main(world_dir: str, out_dir: str, steps_scale: float = 1.0, ceiling: bo
         wrapper = os.path.abspath(os.path.join(out_dir, "correction.py"))
         rules = run_correction(diag, j("reward_model", "train.jsonl"), wrapper)
         echo("  corrections: " + (", ".join(f"{r['family']} {_feature(r)} {r['bonus']:+.3f}" for r in rules) or "none"))
-        select = latest_certifiable(world_dir, echo)
-        for name, ov, note, tags in recipes:
-            if name not in SEED_HISTORY:
-                train(name, {**ov, "reward_wrapper": wrapper if rules else None,
-                             "save_every": max(1, ov["steps"] // CHECKPOINTS)}, note, tags, select)
+        jobs = []
+        for name, ov, note, tags in _recipes("", steps_scale):
+            corrected = name not in SEED_HISTORY
+            if corrected:  # saved at each quarter; registered at the latest the expert set can certify
+                ov = {**ov, "reward_wrapper": wrapper if rules else None,
+                      "save_every": max(1, ov["steps"] // CHECKPOINTS)}
+            jobs.append(TrainJob(name, ov, note, tags, select_certifiable=corrected))
+        candidates = train_all(jobs, world_dir, parent.info.run_id, echo)
         for name, s in candidates.items():
             v = s["model_version"]
             run_dev_eval(REG.version_uri(v), j("policy"), j("reward_model"), j("data", "prompts_dev.jsonl"),
@@ -87,6 +77,85 @@ def run_main(world_dir: str, out_dir: str, steps_scale: float = 1.0, ceiling: bo
 
 
 CHECKPOINTS = 4  # a corrected candidate is saved at each quarter of its steps
+
+
+@dataclass(frozen=True)
+class TrainJob:
+    """One candidate's train_rl run, as main hands it to a worker."""
+    name: str
+    overrides: dict
+    description: str
+    tags: dict
+    select_certifiable: bool = False
+
+
+def train_all(jobs: list[TrainJob], world_dir: str, parent_run_id: str,
+              echo: Callable[[str], None]) -> dict[str, dict]:
+    """Run every job as a child train_rl run of `parent_run_id`; returns {name: run summary} in job order.
+
+    With >= 2 torch threads the jobs run in that many worker processes of one thread each, longest
+    first: one run keeps ~1.2 of 2 cores busy (its step is a chain of small ops), two keep both.
+    With one thread they run here, one after another.
+    """
+    from .runtime import configure_threads
+    from .tracking.sweep_runs import absolute_tracking_uri, log_training_inputs
+    workers = min(configure_threads(), len(jobs))
+    # MLflow inserts a dataset row on first use without a lock: log the prompt files here first
+    log_training_inputs({os.path.join(world_dir, "data", "prompts_train.jsonl")})
+    import mlflow
+    experiment = mlflow.get_experiment(mlflow.get_run(parent_run_id).info.experiment_id).name
+    env = {"tracking_uri": absolute_tracking_uri(), "experiment_name": experiment,
+           "parent_run_id": parent_run_id, "world_dir": os.path.abspath(world_dir)}
+    if workers < 2:
+        return {job.name: _train_job(env, job, echo)[1] for job in jobs}  # nested under main's active run
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+    done: dict[str, dict] = {}
+    order = sorted(jobs, key=lambda job: -job.overrides["steps"])
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
+                             initializer=_enter_worker, initargs=(env,)) as pool:
+        futures = [pool.submit(_train_job, env, job) for job in order]
+        echo(f"training {len(jobs)} candidates, {workers} side by side (one thread each)")
+        try:
+            for fut in as_completed(futures):
+                name, summary, lines = fut.result()
+                for line in lines:
+                    echo(line)
+                done[name] = summary
+        except BaseException:
+            for fut in futures:
+                fut.cancel()
+            raise
+    return {job.name: done[job.name] for job in jobs}
+
+
+def _enter_worker(env: dict) -> None:
+    """A worker process: one torch thread, main's store and experiment, never the launcher's run."""
+    for key in ("MLFLOW_RUN_ID", "MLFLOW_EXPERIMENT_ID"):
+        os.environ.pop(key, None)
+    os.environ["RLHF_THREADS"] = "1"
+    os.environ["MLFLOW_TRACKING_URI"] = env["tracking_uri"]
+    os.environ["MLFLOW_EXPERIMENT_NAME"] = env["experiment_name"]
+    from .runtime import configure_threads
+    configure_threads()
+
+
+def _train_job(env: dict, job: TrainJob, echo: Callable[[str], None] | None = None
+               ) -> tuple[str, dict, list[str]]:
+    """Train one job as a child of main's run; returns (name, summary, the lines it would print)."""
+    from .rl_config_io import load_rl_config, recipe_overrides
+    from .rl_run import run_train_rl
+    lines: list[str] = []
+    say = echo or lines.append
+    world_dir = env["world_dir"]
+    say(f"train_rl {job.name} (kl {job.overrides['kl_coef']:g}, {job.overrides['steps']} steps)")
+    cfg = load_rl_config(os.path.join(world_dir, "configs", "default.json"), recipe_overrides(job.overrides))
+    select = latest_certifiable(world_dir, say) if job.select_certifiable else None
+    summary = run_train_rl(cfg, world_dir=world_dir, run_name=job.name, description=job.description,
+                           tags={**job.tags, "mlflow.parentRunId": env["parent_run_id"]},
+                           echo=lambda m: None, progress=False, select=select)
+    say(f"  {job.name}: {cfg.steps} steps in {summary['seconds']:.0f} s")
+    return job.name, summary, lines
 
 
 def latest_certifiable(world_dir: str, echo: Callable[[str], None]) -> Callable[[list[tuple[int, str]]], int]:
@@ -160,7 +229,9 @@ def summary_table(parent_run_id: str) -> pd.DataFrame:
         return None if rows.empty or pd.isna(rows.iloc[0][key]) else rows.iloc[0][key]
 
     rows = []
-    for v in sorted(versions, key=lambda v: int(v.version)):
+    order = [name for name, _, _, _ in _recipes(None, 1.0)]  # the order main releases them in
+    for v in sorted(versions, key=lambda v: (order.index(v.tags.get("recipe")) if v.tags.get("recipe") in order
+                                             else len(order), int(v.version))):
         row = {"candidate": v.tags.get("recipe"), "model_version": str(v.version),
                "step": int(v.tags["checkpoint_step"]) if v.tags.get("checkpoint_step") else None,
                "dev_proxy": latest("dev_eval", v.version, "metrics.proxy_mean"),

@@ -28,6 +28,9 @@ def test_main_runs_the_whole_story(tiny_world, tmp_path):
     assert len(versions) == len(SEED_HISTORY) + len(CORRECTED)
     for v in versions:
         assert v.tags["release.decision"] in ("promoted", "refused")
+        steps = int(mlflow.get_run(v.run_id).data.params["steps"])
+        step = int(v.tags["checkpoint_step"])  # corrected: a saved quarter; history: the final step
+        assert step == steps if v.tags["recipe"] in SEED_HISTORY else 0 < step <= steps
     try:
         champ = client.get_model_version_by_alias("rlhf-policy", "champion")
     except mlflow.exceptions.MlflowException:
