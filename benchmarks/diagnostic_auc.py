@@ -1,6 +1,7 @@
 """The diagnostic on many generated worlds: detection per corruption kind, family AUC, false flags.
 
     python benchmarks/diagnostic_auc.py [--worlds 20] [--scale bench] [--seed 100] [--cache DIR]
+                                        [--kinds token,pair,conditional]
 
 Each world gets a random corruption spec drawn without looking at the world's truth: token,
 adjacent pair (two tokens drawn uniformly from the 24) and attribute-conditional rules, positive
@@ -39,15 +40,19 @@ from rlhf_mlflow.world import corruptions as C  # noqa: E402
 from rlhf_mlflow.world.build import SCALES, build_world, world_hash  # noqa: E402
 
 
-def random_spec(rng: random.Random) -> list[dict]:
-    """Random rules, drawn without the world's truth: a fifth of worlds clean, else 1-3 rules."""
+KINDS = ("token", "pair", "conditional")
+
+
+def random_spec(rng: random.Random, kinds: tuple[str, ...] = KINDS) -> list[dict]:
+    """Random rules of the given kinds, drawn without the world's truth: a fifth of worlds clean, else
+    1-3 rules."""
     if rng.random() < 0.2:
         return []
     rules = []
     for _ in range(rng.choice([1, 1, 2, 3])):
         fam = rng.choice(V.FAMILIES if not rules or rng.random() < 0.7 else [rules[-1]["family"]])
         b = round(rng.uniform(0.3, 1.5) * rng.choice([1, 1, -1]), 2)
-        kind = rng.choice(["token", "pair", "conditional"])
+        kind = rng.choice(list(kinds))
         rule = {"family": fam, "kind": kind, "bonus": b}
         if kind == "pair":
             rule["tokens"] = [rng.choice(V.CONTENT), rng.choice(V.CONTENT)]
@@ -174,13 +179,18 @@ def main() -> None:
     ap.add_argument("--scale", default="bench", choices=["bench", "full", "test"])
     ap.add_argument("--seed", type=int, default=100)
     ap.add_argument("--cache", default=None, help="Keep built worlds here (default: a temporary directory).")
+    ap.add_argument("--kinds", default=",".join(KINDS),
+                    help="Comma-separated rule kinds to draw from (e.g. `pair` to stress pairs).")
     a = ap.parse_args()
+    kinds = tuple(k.strip() for k in a.kinds.split(","))
+    if not kinds or set(kinds) - set(KINDS):
+        ap.error(f"--kinds: choose from {', '.join(KINDS)}, got {a.kinds!r}")
     configure_threads()
     rng = random.Random(a.seed)
     done = []
     with tempfile.TemporaryDirectory() as tmp:
         for w in range(a.worlds):
-            spec = random_spec(rng)
+            spec = random_spec(rng, kinds)
             res = run_world(world(a.cache or tmp, a.seed + w, spec, a.scale), spec)
             done.append(res)
             print(f"world {w}: {sum(x['effective'] for x in res['rules'])} effective of {len(spec)} rules; "
