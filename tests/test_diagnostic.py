@@ -79,6 +79,25 @@ def test_a_reward_model_that_does_not_load_is_a_clear_error(planted_world, tmp_p
     assert not (tmp_path / "x.json").exists()
 
 
+def test_bad_input_marks_the_diagnostic_run_failed(planted_world, tmp_path):
+    import mlflow
+    from click.testing import CliRunner
+
+    from rlhf_mlflow.cli import cli
+    rm_dir = tmp_path / "rm"
+    shutil.copytree(os.path.join(planted_world, "reward_model"), rm_dir)
+    os.remove(rm_dir / "train.jsonl")
+    res = CliRunner().invoke(cli, ["diagnostic", "--rm-dir", str(rm_dir),
+                                   "--policy-dir", os.path.join(planted_world, "policy"),
+                                   "--prompts", os.path.join(planted_world, "data", "prompts_train.jsonl"),
+                                   "--out", str(tmp_path / "d.json")])
+    assert res.exit_code != 0 and "missing QA sample" in res.output
+    (run,) = mlflow.search_runs(search_all_experiments=True, filter_string="tags.`rlhf.step` = 'diagnostic'",
+                                output_format="list")
+    assert run.info.status == "FAILED"
+    assert not (tmp_path / "d.json").exists()
+
+
 def test_diagnostic_and_correct_commands_log_runs_and_write_a_working_wrapper(planted_world, tmp_path):
     import mlflow
     from click.testing import CliRunner
