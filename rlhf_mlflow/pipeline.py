@@ -190,7 +190,9 @@ def _ceiling(world_dir, out_dir, champion, table, steps_scale, echo) -> None:
     from .world.oracle import write_oracle_reward
     name = champion.tags.get("recipe")
     ov = next(ov for n, ov, _, _ in _recipes(None, steps_scale) if n == name)
-    ov = {**ov, "steps": int(champion.tags.get("checkpoint_step") or ov["steps"]), "reward_wrapper": write_oracle_reward(world_dir, os.path.abspath(os.path.join(out_dir, "oracle_reward.py")))}
+    oracle = write_oracle_reward(world_dir, os.path.abspath(os.path.join(out_dir, "oracle_reward.py")))
+    # the same budget as the champion: its registered checkpoint's steps
+    ov = {**ov, "steps": int(champion.tags.get("checkpoint_step") or ov["steps"]), "reward_wrapper": oracle}
     echo(f"ceiling: {name}'s recipe ({ov['steps']} steps) on the oracle's true reward")
     cfg = load_rl_config(os.path.join(world_dir, "configs", "default.json"), recipe_overrides(ov))
     ckpt = os.path.join(out_dir, "ceiling_policy")
