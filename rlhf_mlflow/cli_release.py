@@ -14,9 +14,11 @@ def _world(world: str | None) -> str:
     return _world_dir(world)
 
 
-def _guardrail_overrides(text: str | None) -> dict:
+def _guardrail_overrides(text: str | None, repeated: tuple[str, ...] = ()) -> dict:
+    """`--guardrails a=1,b=2` (one string, as the MLproject passes it) and `--guardrail a=1` (repeatable,
+    as `sweep` takes it) merged; the repeated form wins on a key given both ways."""
     out = {}
-    for item in (text or "").split(","):
+    for item in (text or "").split(",") + list(repeated):
         if not item.strip():
             continue
         if "=" not in item:
@@ -62,10 +64,12 @@ def certify_cmd(model_version, policy, world, reference, gold, rm_dir, correctio
               help="Certify run to use (default: the version's certification.run_id tag); must certify this version.")
 @click.option("--guardrails", default=None,
               help="Comma-separated key=value overrides of guardrail thresholds, e.g. 'max_family_kl=4,min_ess=20'.")
-def release_cmd(model_version, certification_run, guardrails):
+@click.option("--guardrail", "guardrail", multiple=True,
+              help="One key=value guardrail threshold, repeatable (the spelling `sweep` takes).")
+def release_cmd(model_version, certification_run, guardrails, guardrail):
     """Promote a version to `champion` only if every guardrail passes; tag the version with each result."""
     from .release_run import run_release
-    res = run_release(model_version, certification_run, _guardrail_overrides(guardrails),
+    res = run_release(model_version, certification_run, _guardrail_overrides(guardrails, guardrail),
                       echo=lambda m: click.echo(m, err=True))
     click.echo(json.dumps({"decision": res["decision"], "run_id": res["run_id"],
                            "guardrails": {k: {"pass": ok, "reason": why} for k, (ok, why) in res["guardrails"].items()}},

@@ -69,6 +69,8 @@ def test_release_moves_the_champion_only_on_all_pass(tiny_world, tmp_path):
     # an unknown guardrail key: refused before anything moves
     res = _run("release", "--model-version", good, "--guardrails", "max_kl=3")
     assert res.exit_code == 1 and "unknown guardrail key 'max_kl'" in res.output and _champion() is None
+    res = _run("release", "--model-version", good, "--guardrail", "min_ess=10", "--guardrail", "max_kl=3")
+    assert res.exit_code == 1 and "unknown guardrail key 'max_kl'" in res.output and _champion() is None
 
     res = _run("release", "--model-version", good, "--guardrails", LENIENT)
     assert res.exit_code == 0, res.output
