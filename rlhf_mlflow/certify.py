@@ -70,13 +70,13 @@ def family_evidence(policy, reference, rm, wrapper, gold: list[dict], cfg: Certi
                     shortcuts: list[dict], gen: torch.Generator) -> dict:
     """The arrays one family's estimates are computed from (numpy, one row per expert sample)."""
     prompts, responses = D.prompts_tensor(gold), D.responses_tensor(gold)
-    log_ratios = M.sequence_logprobs(policy, prompts, responses) - M.sequence_logprobs(reference, prompts, responses)
+    log_ratios = _log_ratios(policy, reference, prompts, responses)
     K = cfg.samples_per_prompt
     own = M.sample(policy, prompts, K, cfg.temperature, gen)           # (n*K, L), grouped by prompt
     ref_own = M.sample(reference, prompts, K, cfg.temperature, gen)
     prompts_rep = prompts.repeat_interleave(K, 0)
     kl = M.sequence_logprobs(policy, prompts_rep, own) - M.sequence_logprobs(reference, prompts_rep, own)
-    ev = {"log_ratios": log_ratios.double().numpy(), "labels": np.array([r["label"] for r in gold], float),
+    ev = {"log_ratios": log_ratios, "labels": np.array([r["label"] for r in gold], float),
           "kl": float(kl.mean()),
           "shortcuts": _shortcut_counts(shortcuts, gold, K, own, ref_own)}
     if rm is not None:
@@ -85,6 +85,12 @@ def family_evidence(policy, reference, rm, wrapper, gold: list[dict], cfg: Certi
         ev["scores"] = gold_scores
         ev["policy_scores"] = own_scores.reshape(len(gold), K).mean(1)  # per expert prompt
     return ev
+
+
+def _log_ratios(policy, reference, prompts, responses) -> np.ndarray:
+    """Exact sequence log importance ratios log pi(y|x) - log pi_ref(y|x), as float64."""
+    return (M.sequence_logprobs(policy, prompts, responses)
+            - M.sequence_logprobs(reference, prompts, responses)).double().numpy()
 
 
 def _scores(rm, wrapper, records, prompts, responses) -> np.ndarray:
@@ -165,9 +171,7 @@ def weight_support(policy: M.Policy, reference: M.Policy, gold: list[dict],
     by it does not bias the chosen one's certified estimate."""
     out = {}
     for f, rows in D.group_by_family(gold).items():
-        prompts, responses = D.prompts_tensor(rows), D.responses_tensor(rows)
-        lw = (M.sequence_logprobs(policy, prompts, responses)
-              - M.sequence_logprobs(reference, prompts, responses)).double().numpy()
+        lw = _log_ratios(policy, reference, D.prompts_tensor(rows), D.responses_tensor(rows))
         ess, khat = O.kish_ess(lw), O.pareto_khat(lw)
         out[f] = {"ess": ess, "khat": khat, **support(ess, khat, len(rows), cfg)}
     return out

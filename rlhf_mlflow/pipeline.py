@@ -97,12 +97,13 @@ def train_all(jobs: list[TrainJob], world_dir: str, parent_run_id: str,
     first: one run keeps ~1.2 of 2 cores busy (its step is a chain of small ops), two keep both.
     With one thread they run here, one after another.
     """
+    import mlflow
+
     from .runtime import configure_threads
     from .tracking.sweep_runs import absolute_tracking_uri, log_training_inputs
     workers = min(configure_threads(), len(jobs))
     # MLflow inserts a dataset row on first use without a lock: log the prompt files here first
     log_training_inputs({os.path.join(world_dir, "data", "prompts_train.jsonl")})
-    import mlflow
     experiment = mlflow.get_experiment(mlflow.get_run(parent_run_id).info.experiment_id).name
     env = {"tracking_uri": absolute_tracking_uri(), "experiment_name": experiment,
            "parent_run_id": parent_run_id, "world_dir": os.path.abspath(world_dir)}
@@ -131,13 +132,8 @@ def train_all(jobs: list[TrainJob], world_dir: str, parent_run_id: str,
 
 def _enter_worker(env: dict) -> None:
     """A worker process: one torch thread, main's store and experiment, never the launcher's run."""
-    for key in ("MLFLOW_RUN_ID", "MLFLOW_EXPERIMENT_ID"):
-        os.environ.pop(key, None)
-    os.environ["RLHF_THREADS"] = "1"
-    os.environ["MLFLOW_TRACKING_URI"] = env["tracking_uri"]
-    os.environ["MLFLOW_EXPERIMENT_NAME"] = env["experiment_name"]
-    from .runtime import configure_threads
-    configure_threads()
+    from .tracking.sweep_runs import enter_worker
+    enter_worker(env["tracking_uri"], env["experiment_name"], 1)
 
 
 def _train_job(env: dict, job: TrainJob, echo: Callable[[str], None] | None = None

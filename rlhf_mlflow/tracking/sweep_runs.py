@@ -89,17 +89,23 @@ def current_champion() -> dict | None:
     return None if mv is None else REG.certification_for(mv)[1]
 
 
-def _enter_worker(ctx: TrialContext) -> None:
-    """Point this (Ray worker) process at the sweep's store and experiment, never at a launcher's run."""
-    import torch
+def enter_worker(tracking_uri: str, experiment_name: str, threads: int) -> None:
+    """Point this worker process (a Ray trial, a `main` trainer) at a store and experiment, never at a
+    launcher's run (`mlflow run` exports MLFLOW_RUN_ID), with `threads` torch threads."""
+    from ..runtime import configure_threads
     os.environ.pop("MLFLOW_RUN_ID", None)
     os.environ.pop("MLFLOW_EXPERIMENT_ID", None)
-    os.environ["MLFLOW_TRACKING_URI"] = ctx.tracking_uri
-    os.environ["MLFLOW_EXPERIMENT_NAME"] = ctx.experiment_name
-    mlflow.set_tracking_uri(ctx.tracking_uri)
+    os.environ["MLFLOW_TRACKING_URI"] = tracking_uri
+    os.environ["MLFLOW_EXPERIMENT_NAME"] = experiment_name
+    os.environ["RLHF_THREADS"] = str(threads)
+    mlflow.set_tracking_uri(tracking_uri)
     while mlflow.active_run():
         mlflow.end_run()
-    torch.set_num_threads(ctx.threads)
+    configure_threads()
+
+
+def _enter_worker(ctx: TrialContext) -> None:
+    enter_worker(ctx.tracking_uri, ctx.experiment_name, ctx.threads)
 
 
 def run_trial(ctx: TrialContext, recipe: dict) -> dict:
