@@ -11,7 +11,9 @@ Per family, with n expert rows (x_i, y_i, label_i) drawn from the reference:
   - the doubly-robust estimate: direct + importance-weighted calibration residuals. This is the
     certified number; its 90% interval is a seeded bootstrap over the expert rows (prompts, labels
     and calibration refit together), paired with the reference's mean for the gain's interval.
-A family is certifiable only when ESS >= min_ess and k-hat <= max_khat; otherwise its estimate,
+A family is certifiable only when ESS >= min_ess and k-hat <= max_khat on the expert rows, and the
+population ESS (n / E_pi[w], from the policy's own samples: it sees mass the expert rows never
+reached) is >= min_ess too; otherwise its estimate,
 interval and gain are null and `reason` says why. `balanced` is the equal-weight family mix
 (deployment traffic), `pilot` the mix of a given prompt file; each is certifiable only if every
 family in it is.
@@ -75,9 +77,9 @@ def family_evidence(policy, reference, rm, wrapper, gold: list[dict], cfg: Certi
     own = M.sample(policy, prompts, K, cfg.temperature, gen)           # (n*K, L), grouped by prompt
     ref_own = M.sample(reference, prompts, K, cfg.temperature, gen)
     prompts_rep = prompts.repeat_interleave(K, 0)
-    kl = M.sequence_logprobs(policy, prompts_rep, own) - M.sequence_logprobs(reference, prompts_rep, own)
+    own_lw = _log_ratios(policy, reference, prompts_rep, own)
     ev = {"log_ratios": log_ratios, "labels": np.array([r["label"] for r in gold], float),
-          "kl": float(kl.mean()),
+          "kl": float(own_lw.mean()), "pop_ess": O.population_ess(own_lw, len(gold)),
           "shortcuts": _shortcut_counts(shortcuts, gold, K, own, ref_own)}
     if rm is not None:
         gold_scores = _scores(rm, wrapper, gold, prompts, responses)
@@ -118,7 +120,8 @@ def estimate_family(ev: dict, cfg: CertifyConfig, rng: np.random.Generator) -> t
     lw, y = ev["log_ratios"], ev["labels"]
     n = len(y)
     row = {"n": n, "reference": float(y.mean()), "snips": O.snips(lw, y), "ess": O.kish_ess(lw),
-           "max_weight_share": O.max_weight_share(lw), "khat": O.pareto_khat(lw), "kl": ev["kl"],
+           "pop_ess": ev["pop_ess"], "max_weight_share": O.max_weight_share(lw), "khat": O.pareto_khat(lw),
+           "kl": ev["kl"],
            "shortcuts": ev["shortcuts"]}
     idx = rng.integers(0, n, size=(cfg.n_boot, n))                     # (B, n)
     ref_draws = y[idx].mean(1)
@@ -141,7 +144,7 @@ def estimate_family(ev: dict, cfg: CertifyConfig, rng: np.random.Generator) -> t
         row["method"] = "snips"
         point = row["snips"]
         draws = (p * y[idx]).sum(1)
-    row.update(support(row["ess"], row["khat"], n, cfg))
+    row.update(support(row["ess"], row["khat"], row["pop_ess"], n, cfg))
     lo_q, hi_q = (1 - cfg.level) / 2, (1 + cfg.level) / 2
     if row["certifiable"]:
         row.update(estimate=point, lo=float(np.quantile(draws, lo_q)), hi=float(np.quantile(draws, hi_q)),
@@ -152,28 +155,40 @@ def estimate_family(ev: dict, cfg: CertifyConfig, rng: np.random.Generator) -> t
     return row, draws, ref_draws
 
 
-def support(ess: float, khat: float, n: int, cfg: CertifyConfig) -> dict:
-    """Whether importance weights with this ESS and tail shape can carry an estimate, and why not."""
+def support(ess: float, khat: float, pop_ess: float, n: int, cfg: CertifyConfig) -> dict:
+    """Whether importance weights with this ESS, tail shape and population ESS (ope_math.population_ess)
+    can carry an estimate, and why not."""
     reasons = []
     if ess < cfg.min_ess:
         reasons.append(f"ESS {ess:.1f} < {cfg.min_ess:g} of {n}")
     if khat > cfg.max_khat:
         reasons.append(f"weight tail k-hat {khat:.2f} > {cfg.max_khat:g}")
+    if pop_ess < cfg.min_ess:
+        reasons.append(f"population ESS {pop_ess:.1f} < {cfg.min_ess:g} of {n}: the policy's own samples sit "
+                       "where the expert rows rarely go")
     return {"certifiable": not reasons, "reason": "; ".join(reasons) if reasons else "ok"}
 
 
 @torch.no_grad()
 def weight_support(policy: M.Policy, reference: M.Policy, gold: list[dict],
                    cfg: CertifyConfig = CertifyConfig()) -> dict[str, dict]:
-    """Per family of the expert set: ESS, k-hat and whether certify could give it a number.
+    """Per family of the expert set: ESS, k-hat, population ESS and whether certify could give it a
+    number (certify draws the same policy samples: same seed, same order).
 
-    Uses the expert prompts and responses only, never their labels, so choosing among checkpoints
-    by it does not bias the chosen one's certified estimate."""
+    Uses the expert prompts and responses and the policy's own samples, never the labels, so choosing
+    among checkpoints by it does not bias the chosen one's certified estimate."""
     out = {}
-    for f, rows in D.group_by_family(gold).items():
-        lw = _log_ratios(policy, reference, D.prompts_tensor(rows), D.responses_tensor(rows))
-        ess, khat = O.kish_ess(lw), O.pareto_khat(lw)
-        out[f] = {"ess": ess, "khat": khat, **support(ess, khat, len(rows), cfg)}
+    gen = torch.Generator().manual_seed(cfg.seed)
+    by_family = D.group_by_family(gold)
+    for f in [f for f in V.FAMILIES if f in by_family]:
+        rows = by_family[f]
+        prompts, K = D.prompts_tensor(rows), cfg.samples_per_prompt
+        lw = _log_ratios(policy, reference, prompts, D.responses_tensor(rows))
+        own = M.sample(policy, prompts, K, cfg.temperature, gen)
+        M.sample(reference, prompts, K, cfg.temperature, gen)  # certify's reference draw: keeps the streams in step
+        own_lw = _log_ratios(policy, reference, prompts.repeat_interleave(K, 0), own)
+        ess, khat, pop = O.kish_ess(lw), O.pareto_khat(lw), O.population_ess(own_lw, len(rows))
+        out[f] = {"ess": ess, "khat": khat, "pop_ess": pop, **support(ess, khat, pop, len(rows), cfg)}
     return out
 
 

@@ -29,6 +29,19 @@ def kish_ess(log_ratios: np.ndarray) -> float:
     return float(1.0 / (p @ p))
 
 
+def population_ess(own_log_ratios: np.ndarray, n: int) -> float:
+    """The ESS that n reference samples would have for this policy: n / E_ref[w^2], with
+    E_ref[w^2] = E_pi[w] estimated from log-ratios of the policy's OWN samples (not the logged ones).
+
+    Kish ESS on the n logged samples cannot see mass the policy puts where those samples never went
+    (the rows it never drew carry no weight to count), so it can look healthy when overlap is gone;
+    the policy's own samples go exactly there. Equals n when pi = pi_ref.
+    """
+    lw = np.asarray(own_log_ratios, dtype=float)
+    log_mean_w = lw.max() + np.log(np.mean(np.exp(lw - lw.max())))
+    return float(n * np.exp(-log_mean_w))
+
+
 def max_weight_share(log_ratios: np.ndarray) -> float:
     """The largest single normalised weight: 1/n when weights are equal, 1 when one sample is all."""
     return float(normalised_weights(log_ratios).max())

@@ -7,22 +7,23 @@ def _n(x, fmt=".3f") -> str:
 
 
 def certification_markdown(report: dict) -> str:
-    head = ("| family | certified | 90% interval | reference | gain | gain interval | ESS | k-hat | max w | KL | "
-            "status |\n|---|---|---|---|---|---|---|---|---|---|---|\n")
+    head = ("| family | certified | 90% interval | reference | gain | gain interval | ESS | pop. ESS | k-hat | max w | "
+            "KL | status |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n")
     lines = []
     for f, r in report["families"].items():
         lines.append(f"| {f} | {_n(r['estimate'])} | {_interval(r)} | {r['reference']:.3f} | {_n(r['gain'], '+.3f')} | "
-                     f"{_interval(r, 'gain_')} | {r['ess']:.1f} | {r['khat']:.2f} | {r['max_weight_share']:.2f} | "
-                     f"{r['kl']:.2f} | {r['reason']} |")
+                     f"{_interval(r, 'gain_')} | {r['ess']:.1f} | {r['pop_ess']:.1f} | {r['khat']:.2f} | "
+                     f"{r['max_weight_share']:.2f} | {r['kl']:.2f} | {r['reason']} |")
     for agg in ("balanced", "pilot"):
         if agg in report:
             r = report[agg]
             lines.append(f"| **{agg}** | {_n(r['estimate'])} | {_interval(r)} | {r['reference']:.3f} | "
-                         f"{_n(r['gain'], '+.3f')} | {_interval(r, 'gain_')} | | | | | {r['reason']} |")
+                         f"{_n(r['gain'], '+.3f')} | {_interval(r, 'gain_')} | | | | | | {r['reason']} |")
     subject = report.get("subject", {})
     title = f"# Certification of {subject.get('registered_model', 'policy')} version {subject.get('model_version', '?')}\n\n"
     method = report["families"][next(iter(report["families"]))]["method"] if report["families"] else "?"
-    return title + f"Estimator: {method}; intervals: seeded bootstrap over the expert rows.\n\n" + head + "\n".join(lines) + "\n"
+    return title + f"Estimator: {method}; intervals: seeded bootstrap over the expert rows; "
+                    "pop. ESS = n / E_pi[w] from the policy's own samples.\n\n" + head + "\n".join(lines) + "\n"
 
 
 def _interval(r: dict, prefix: str = "") -> str:

@@ -34,6 +34,7 @@ def test_reference_certified_against_itself_recovers_the_expert_mean(tiny_world)
         mean = sum(r["label"] for r in labels[f]) / len(labels[f])
         assert row["certifiable"] and row["reason"] == "ok"
         assert row["ess"] == pytest.approx(len(labels[f]))          # all weights equal
+        assert row["pop_ess"] == pytest.approx(len(labels[f]), rel=1e-4)  # own samples' weights are 1 too
         assert row["snips"] == pytest.approx(mean)
         assert row["reference"] == pytest.approx(mean)
         assert row["kl"] == pytest.approx(0.0, abs=1e-4)
@@ -93,4 +94,21 @@ def test_weight_support_agrees_with_certify_without_reading_labels(tiny_world, t
     for f, s in support.items():
         row = report["families"][f]
         assert s["ess"] == pytest.approx(row["ess"]) and s["certifiable"] == row["certifiable"]
+        assert s["pop_ess"] == pytest.approx(row["pop_ess"])  # the same policy samples as certify's
         assert s["reason"] == row["reason"]
+
+
+def test_population_ess_refuses_what_the_expert_rows_cannot_see(tiny_world, tmp_path):
+    """A family whose expert-row ESS and k-hat pass but whose policy samples say the weights' second
+    moment is too large (population ESS below the bar) is refused, and the reason says so."""
+    ref, gold = _paths(tiny_world)
+    mild = sharpened(tiny_world, str(tmp_path / "mild"), factor=1.6)
+    rows = certify.certify(mild, ref, gold)["families"]
+    # a family where the rows look healthier than the policy's own samples say
+    f, row = max(rows.items(), key=lambda kv: kv[1]["ess"] - kv[1]["pop_ess"])
+    assert row["pop_ess"] < row["ess"], rows
+    bar = (row["pop_ess"] + row["ess"]) / 2
+    cfg = certify.CertifyConfig(min_ess=bar, max_khat=10.0)
+    again = certify.certify(mild, ref, gold, cfg=cfg)["families"][f]
+    assert not again["certifiable"] and again["estimate"] is None
+    assert again["reason"].startswith("population ESS"), again["reason"]

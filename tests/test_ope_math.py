@@ -56,3 +56,13 @@ def test_pareto_khat_separates_light_and_heavy_weight_tails():
     assert light < 0.3
     assert heavy == pytest.approx(1.2, abs=0.15)
     assert O.pareto_khat(np.zeros(100)) == -math.inf        # equal weights: no tail
+
+
+def test_population_ess_is_n_over_the_policys_mean_weight():
+    n = 100
+    assert O.population_ess(np.zeros(50), n) == pytest.approx(n)          # pi = pi_ref
+    assert O.population_ess(np.full(50, np.log(4.0)), n) == pytest.approx(n / 4)
+    lw = np.log(np.array([1.0, 3.0]))                                     # E_pi[w] = 2
+    assert O.population_ess(lw, n) == pytest.approx(n / 2)
+    assert O.population_ess(lw + 300.0, n) == pytest.approx(n / 2 * np.exp(-300.0), rel=1e-9)
+    assert O.population_ess(lw + 800.0, n) == 0.0                         # no overflow, no NaN
