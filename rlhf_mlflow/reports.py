@@ -22,8 +22,9 @@ def certification_markdown(report: dict) -> str:
     subject = report.get("subject", {})
     title = f"# Certification of {subject.get('registered_model', 'policy')} version {subject.get('model_version', '?')}\n\n"
     method = report["families"][next(iter(report["families"]))]["method"] if report["families"] else "?"
-    return title + f"Estimator: {method}; intervals: seeded bootstrap over the expert rows; "
-                    "pop. ESS = n / E_pi[w] from the policy's own samples.\n\n" + head + "\n".join(lines) + "\n"
+    about = (f"Estimator: {method}; intervals: seeded bootstrap over the expert rows; "
+             "pop. ESS = n / E_pi[w] from the policy's own samples.\n\n")
+    return title + about + head + "\n".join(lines) + "\n"
 
 
 def _interval(r: dict, prefix: str = "") -> str:
