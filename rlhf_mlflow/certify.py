@@ -164,8 +164,7 @@ def support(ess: float, khat: float, pop_ess: float, n: int, cfg: CertifyConfig)
     if khat > cfg.max_khat:
         reasons.append(f"weight tail k-hat {khat:.2f} > {cfg.max_khat:g}")
     if pop_ess < cfg.min_ess:
-        reasons.append(f"population ESS {pop_ess:.1f} < {cfg.min_ess:g} of {n}: the policy's own samples sit "
-                       "where the expert rows rarely go")
+        reasons.append(f"population ESS {pop_ess:.1f} < {cfg.min_ess:g} of {n} (from the policy's own samples)")
     return {"certifiable": not reasons, "reason": "; ".join(reasons) if reasons else "ok"}
 
 

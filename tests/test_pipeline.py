@@ -37,3 +37,25 @@ def test_main_runs_the_whole_story(tiny_world, tmp_path):
         champ = None
     if champ is not None:
         assert all(val.startswith("pass") for k, val in champ.tags.items() if k.startswith("guardrail."))
+
+
+@pytest.mark.slow
+def test_a_second_main_in_the_same_store_keeps_an_unbeaten_champion(tiny_world, tmp_path):
+    """Re-running main where an earlier run left a champion: candidates that do not beat it are
+    refused (beats_champion), and main still finishes (the ceiling is skipped, not crashed on)."""
+    client = mlflow.MlflowClient()
+    args = ["main", "--world", tiny_world, "--steps-scale", "0.05", "--out", str(tmp_path / "out")]
+    first = CliRunner().invoke(cli, args)
+    assert first.exit_code == 0, first.output
+    # whatever the first run promoted, give the champion alias to its best-certified version so that
+    # the second run (same seeds, same candidates) cannot beat it
+    versions = client.search_model_versions("name = 'rlhf-policy'")
+    certified = {r.data.params["model_version"]: r.data.metrics.get("certified/balanced", float("-inf"))
+                 for r in mlflow.search_runs(search_all_experiments=True, output_format="list")
+                 if r.data.tags.get("rlhf.step") == "certify"}
+    best = max(versions, key=lambda v: certified.get(str(v.version), float("-inf")))
+    client.set_registered_model_alias("rlhf-policy", "champion", best.version)
+    second = CliRunner().invoke(cli, args)
+    assert second.exit_code == 0, second.output
+    assert client.get_model_version_by_alias("rlhf-policy", "champion").version == best.version
+    assert f"ceiling: skipped: the champion is version {best.version} from an earlier run" in second.output

@@ -6,10 +6,17 @@ import json
 import os
 import tempfile
 import time
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 import mlflow
+
+# A progress bar per tiny artifact download and a warning per logged dataset input drown the steps'
+# own output (main downloads dozens); a user's own setting wins.
+os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+warnings.filterwarnings("ignore", message="The specified dataset source can be interpreted in multiple ways",
+                        category=UserWarning)
 
 EXPERIMENT = "rlhf_mlflow"
 MAX_PARAM = 6000
