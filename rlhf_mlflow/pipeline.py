@@ -57,13 +57,16 @@ def run_main(world_dir: str, out_dir: str, steps_scale: float = 1.0, ceiling: bo
                 ov = {**ov, "reward_wrapper": wrapper if rules else None,
                       "save_every": max(1, ov["steps"] // CHECKPOINTS)}
             jobs.append(TrainJob(name, ov, note, tags, select_certifiable=corrected))
-        candidates = train_all(jobs, world_dir, parent.info.run_id, echo)
-        for name, s in candidates.items():
+
+        def evaluate(name: str, s: dict) -> None:  # as each candidate finishes, while others still train
             v = s["model_version"]
             run_dev_eval(REG.version_uri(v), j("policy"), j("reward_model"), j("data", "prompts_dev.jsonl"),
                          j("data", "gold_calib.jsonl"), run_name=f"dev_eval-{name}")
             run_certify(version=v, world=world_dir, correction=wrapper, diagnostic=diag_path, echo=echo)
-            run_release(v, echo=echo)
+
+        candidates = train_all(jobs, world_dir, parent.info.run_id, echo, on_done=evaluate)
+        for name, s in candidates.items():  # in recipe order: each release compares with the champion so far
+            run_release(s["model_version"], echo=echo)
         for name, s in candidates.items():
             run_grade(s["model_version"], world_dir, echo=lambda m: None)
         table = summary_table(parent.info.run_id)
@@ -92,15 +95,18 @@ class TrainJob:
     select_certifiable: bool = False
 
 
-def train_all(jobs: list[TrainJob], world_dir: str, parent_run_id: str,
-              echo: Callable[[str], None]) -> dict[str, dict]:
+def train_all(jobs: list[TrainJob], world_dir: str, parent_run_id: str, echo: Callable[[str], None],
+              on_done: Callable[[str, dict], None] | None = None) -> dict[str, dict]:
     """Run every job as a child train_rl run of `parent_run_id`; returns {name: run summary} in job order.
+    `on_done(name, summary)` runs here as each job finishes (in the parallel case while others train,
+    on one thread so that it takes a core only when a worker has left one idle).
 
     With >= 2 torch threads the jobs run in that many worker processes of one thread each, longest
     first: one run keeps ~1.2 of 2 cores busy (its step is a chain of small ops), two keep both.
     With one thread they run here, one after another.
     """
     import mlflow
+    import torch
 
     from .runtime import configure_threads
     from .tracking.sweep_runs import absolute_tracking_uri, log_training_inputs
@@ -111,11 +117,18 @@ def train_all(jobs: list[TrainJob], world_dir: str, parent_run_id: str,
     env = {"tracking_uri": absolute_tracking_uri(), "experiment_name": experiment,
            "parent_run_id": parent_run_id, "world_dir": os.path.abspath(world_dir)}
     if workers < 2:
-        return {job.name: _train_job(env, job, echo)[1] for job in jobs}  # nested under main's active run
+        out = {}
+        for job in jobs:  # nested under main's active run
+            out[job.name] = _train_job(env, job, echo)[1]
+            if on_done is not None:
+                on_done(job.name, out[job.name])
+        return out
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor, as_completed
     done: dict[str, dict] = {}
     order = sorted(jobs, key=lambda job: -job.overrides["steps"])
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
     with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
                              initializer=_enter_worker, initargs=(env,)) as pool:
         futures = [pool.submit(_train_job, env, job) for job in order]
@@ -126,10 +139,14 @@ def train_all(jobs: list[TrainJob], world_dir: str, parent_run_id: str,
                 for line in lines:
                     echo(line)
                 done[name] = summary
+                if on_done is not None:
+                    on_done(name, summary)
         except BaseException:
             for fut in futures:
                 fut.cancel()
             raise
+        finally:
+            torch.set_num_threads(threads)
     return {job.name: done[job.name] for job in jobs}
 
 
@@ -159,8 +176,9 @@ def _train_job(env: dict, job: TrainJob, echo: Callable[[str], None] | None = No
 
 def latest_certifiable(world_dir: str, echo: Callable[[str], None]) -> Callable[[list[tuple[int, str]]], int]:
     """A checkpoint chooser for run_train_rl: the latest checkpoint whose every family the expert set
-    can still certify (ESS and weight tail, from the expert responses alone: labels are not read, so
-    the choice does not bias the certified estimate); the final one when none can be."""
+    can still certify (certify.weight_support: ESS and weight tail on the expert responses, population
+    ESS from the policy's own samples; labels are not read, so the choice does not bias the certified
+    estimate); the final one when none can be."""
     from . import certify as C
     from . import data as D
     from . import model as M
