@@ -74,10 +74,8 @@ def family_evidence(policy, reference, rm, wrapper, gold: list[dict], cfg: Certi
     prompts, responses = D.prompts_tensor(gold), D.responses_tensor(gold)
     log_ratios = _log_ratios(policy, reference, prompts, responses)
     K = cfg.samples_per_prompt
-    own = M.sample(policy, prompts, K, cfg.temperature, gen)           # (n*K, L), grouped by prompt
-    ref_own = M.sample(reference, prompts, K, cfg.temperature, gen)
+    own, ref_own, own_lw = _own_samples(policy, reference, prompts, cfg, gen)
     prompts_rep = prompts.repeat_interleave(K, 0)
-    own_lw = _log_ratios(policy, reference, prompts_rep, own)
     ev = {"log_ratios": log_ratios, "labels": np.array([r["label"] for r in gold], float),
           "kl": float(own_lw.mean()), "pop_ess": O.population_ess(own_lw, len(gold)),
           "shortcuts": _shortcut_counts(shortcuts, gold, K, own, ref_own)}
@@ -87,6 +85,15 @@ def family_evidence(policy, reference, rm, wrapper, gold: list[dict], cfg: Certi
         ev["scores"] = gold_scores
         ev["policy_scores"] = own_scores.reshape(len(gold), K).mean(1)  # per expert prompt
     return ev
+
+
+def _own_samples(policy, reference, prompts, cfg: CertifyConfig, gen: torch.Generator):
+    """K samples per prompt from the policy and from the reference (in that order on `gen`: certify
+    and weight_support draw the same ones), and the log-ratios of the policy's own samples."""
+    K = cfg.samples_per_prompt
+    own = M.sample(policy, prompts, K, cfg.temperature, gen)           # (n*K, L), grouped by prompt
+    ref_own = M.sample(reference, prompts, K, cfg.temperature, gen)
+    return own, ref_own, _log_ratios(policy, reference, prompts.repeat_interleave(K, 0), own)
 
 
 def _log_ratios(policy, reference, prompts, responses) -> np.ndarray:
@@ -181,11 +188,9 @@ def weight_support(policy: M.Policy, reference: M.Policy, gold: list[dict],
     by_family = D.group_by_family(gold)
     for f in [f for f in V.FAMILIES if f in by_family]:
         rows = by_family[f]
-        prompts, K = D.prompts_tensor(rows), cfg.samples_per_prompt
+        prompts = D.prompts_tensor(rows)
         lw = _log_ratios(policy, reference, prompts, D.responses_tensor(rows))
-        own = M.sample(policy, prompts, K, cfg.temperature, gen)
-        M.sample(reference, prompts, K, cfg.temperature, gen)  # certify's reference draw: keeps the streams in step
-        own_lw = _log_ratios(policy, reference, prompts.repeat_interleave(K, 0), own)
+        own_lw = _own_samples(policy, reference, prompts, cfg, gen)[2]
         ess, khat, pop = O.kish_ess(lw), O.pareto_khat(lw), O.population_ess(own_lw, len(rows))
         out[f] = {"ess": ess, "khat": khat, "pop_ess": pop, **support(ess, khat, pop, len(rows), cfg)}
     return out

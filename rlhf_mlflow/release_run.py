@@ -44,7 +44,8 @@ def certification_metrics(report: dict) -> dict:
         m[f"reference_quality/{f}"] = r["reference"]
         for key, name in (("estimate", "certified"), ("lo", "certified_lo"), ("hi", "certified_hi"),
                           ("gain", "gain"), ("gain_lo", "gain_lo"), ("gain_hi", "gain_hi"),
-                          ("ess", "ess"), ("pop_ess", "pop_ess"), ("khat", "khat"), ("kl", "kl"), ("snips", "snips"), ("direct", "direct")):
+                          ("ess", "ess"), ("pop_ess", "pop_ess"), ("khat", "khat"), ("kl", "kl"),
+                          ("snips", "snips"), ("direct", "direct")):
             v = r.get(key)
             if v is not None and abs(v) != float("inf"):
                 m[f"{name}/{f}"] = v
