@@ -7,6 +7,7 @@ import os
 import numpy as np
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from rlhf_mlflow import data as D
 from rlhf_mlflow import vocab as V
@@ -40,7 +41,14 @@ def test_same_seed_and_spec_give_the_same_files(tmp_path, tiny_world):
     data_files = [k for k in a if k.endswith(".jsonl") or k.endswith(".json")]
     assert len(data_files) >= 6
     assert {k: a[k] for k in data_files} == {k: b[k] for k in data_files}
-    assert a == b  # weights too, on the same machine and thread count
+    # the weights: equal to float noise. Usually bit for bit at the same thread count, but one clean-
+    # clone CI run built a policy that differed by up to 2e-4 (of weights up to 4.2) from the same
+    # process's first build: MKL's results can depend on memory alignment (MKL_CBWR changes them)
+    for name in ("policy/policy.safetensors", "reward_model/rm.safetensors"):
+        wa, wb = load_file(os.path.join(tiny_world, name)), load_file(os.path.join(again, name))
+        assert wa.keys() == wb.keys()
+        for k in wa:
+            torch.testing.assert_close(wa[k], wb[k], rtol=1e-3, atol=1e-3, msg=f"{name} {k}")
 
 
 def test_other_seed_gives_another_world(tmp_path, tiny_world):
