@@ -71,11 +71,12 @@ def run_main(world_dir: str, out_dir: str, steps_scale: float = 1.0, ceiling: bo
             run_grade(s["model_version"], world_dir, echo=lambda m: None)
         table = summary_table(parent.info.run_id)
         champion = REG.champion_version()
-        if ceiling and champion is not None and not (len(table) and table["champion"].any()):
-            echo(f"ceiling: skipped: the champion is version {champion.version} from an earlier run, and no "
-                 "candidate of this run beat it (beats_champion)")
-        elif ceiling and champion is not None:
-            _ceiling(world_dir, out_dir, champion, table, steps_scale, echo)
+        if ceiling and champion is not None:
+            if len(table) and table["champion"].any():
+                _ceiling(world_dir, out_dir, champion, table, steps_scale, echo)
+            else:
+                echo(f"ceiling: skipped: the champion is version {champion.version} from an earlier run, and "
+                     "no candidate of this run beat it (beats_champion)")
         T.log_text(markdown_table(table), "summary.md")
         T.log_text(table.to_csv(index=False), "summary.csv")
         T.log_metrics({"seconds": time.perf_counter() - t0})
