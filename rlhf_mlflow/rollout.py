@@ -76,13 +76,21 @@ def _ffn(blk: M.Block, x: torch.Tensor) -> torch.Tensor:
     return F.linear(F.gelu(F.linear(_layer_norm(blk.ln2, x), ff1.weight, ff1.bias)), ff2.weight, ff2.bias)
 
 
+def draw_uniforms(L: int, N: int, generator: torch.Generator | None) -> torch.Tensor:
+    """The (L, N, 1) uniforms sample_cached draws for N responses of L tokens."""
+    return torch.rand(L, N, 1, generator=generator)
+
+
 @torch.no_grad()
 def sample_cached(policy: M.Policy, prompts: torch.Tensor, n: int, temperature: float,
-                  generator: torch.Generator | None, table: Table | None = None) -> torch.Tensor:
+                  generator: torch.Generator | None, table: Table | None = None,
+                  uniforms: torch.Tensor | None = None) -> torch.Tensor:
     """prompts (B, P) -> responses (B*n, L); row i belongs to prompt i // n.
 
     Each new token costs one position's forward against cached keys/values (the seed re-ran the whole
-    prefix for each of the 8 tokens), and the first block's projection is a table lookup.
+    prefix for each of the 8 tokens), and the first block's projection is a table lookup. Row i's
+    tokens are inverse-CDF draws with uniforms[:, i] ((L, B*n, 1), drawn from `generator` if not
+    given), so rows can be sampled in parts, by different processes, with the same result.
     """
     B, P = prompts.shape
     L, d, h = policy.cfg["resp_len"], policy.cfg["d_model"], policy.cfg["n_heads"]
@@ -106,7 +114,8 @@ def sample_cached(policy: M.Policy, prompts: torch.Tensor, n: int, temperature: 
     proj = [(b.attn.qkv.weight * qscale[:, None], b.attn.qkv.bias * qscale) for b in policy.blocks[1:]]
     head_w = policy.head.weight[V.CONTENT_LO:V.CONTENT_HI] / max(temperature, 1e-6)  # (C, d)
     last = _layer_norm(policy.ln, x[:, -1]).repeat_interleave(n, 0)  # (N, d)
-    uniforms = torch.rand(L, N, 1, generator=generator)
+    if uniforms is None:
+        uniforms = draw_uniforms(L, N, generator)
     picks = []
     for t in range(L):
         cdf = torch.softmax(F.linear(last, head_w), dim=-1).cumsum_(-1)  # (N, C)

@@ -1,11 +1,8 @@
-"""Process-level settings: torch thread count from the environment, malloc behaviour, and a side
-thread for one job at a time."""
+"""Process-level settings: torch thread count from the environment and malloc behaviour."""
 from __future__ import annotations
 
 import ctypes
 import os
-from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 
@@ -34,44 +31,3 @@ def retain_freed_memory() -> bool:
         return False
     M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
     return bool(mallopt(M_MMAP_THRESHOLD, 64 << 20)) and bool(mallopt(M_TRIM_THRESHOLD, 256 << 20))
-
-
-class SideThread:
-    """A second thread for one job at a time beside the caller's own work, when torch has >= 2 threads.
-
-    At the RL step's sizes most ops are below torch's intra-op grain, so a second core does more running
-    half of the batch than splitting ops. While open, both threads use one intra-op thread (two OpenMP
-    teams on two cores would spin against each other, badly so on a shared machine); closing restores
-    the caller's count. With one thread, `submit` runs the job inline.
-    """
-
-    def __init__(self):
-        self.threads = torch.get_num_threads()
-        self.pool = None
-        if self.threads >= 2:
-            self.pool = ThreadPoolExecutor(1, thread_name_prefix="rlhf-side", initializer=torch.set_num_threads,
-                                           initargs=(1,))
-            torch.set_num_threads(1)
-
-    @property
-    def parallel(self) -> bool:
-        return self.pool is not None
-
-    def submit(self, fn: Callable, *args, **kwargs) -> Future:
-        if self.pool is not None:
-            return self.pool.submit(fn, *args, **kwargs)
-        done: Future = Future()
-        done.set_result(fn(*args, **kwargs))
-        return done
-
-    def close(self) -> None:
-        if self.pool is not None:
-            self.pool.shutdown()
-            self.pool = None
-            torch.set_num_threads(self.threads)
-
-    def __enter__(self) -> "SideThread":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()

@@ -7,6 +7,7 @@ decides what to save, log or register.
 """
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import logging
 import math
@@ -26,7 +27,7 @@ from .checkpoint import freeze
 from .config import check_range
 from .errors import InputError
 from .family_stats import FamilyAccumulator, family_of
-from .runtime import SideThread
+from .partner import RM_CHUNK, Partner, available
 
 log = logging.getLogger(__name__)
 PATH_KEYS = ("policy_init", "policy_ref", "reward_model", "prompt_file", "reward_wrapper")
@@ -141,7 +142,6 @@ class RLResult:
 
 
 METRICS = ["proxy", "reward", "shaped", "kl", "kl_k3", "entropy"]
-RM_CHUNK = 32  # sequences per reward-model pass: activations stay in a core's L2 cache (~20% faster here)
 
 
 @dataclass
@@ -160,44 +160,9 @@ class Frozen:
             return cls(ref, rm, ref.first_layer_table(), rm.first_layer_table())
 
 
-@dataclass
-class Rollout:
-    """One step's batch, scored: reward-model scores and both policies' per-token log-probs."""
-    raw: torch.Tensor  # (N,) reward-model scores
-    logprobs: list[torch.Tensor]  # per slice of whole prompt groups, (n_i, L) with gradient
-    logp: torch.Tensor  # (N, L, C) log-softmax, for the entropy
-    ref_logprobs: torch.Tensor  # (N, L)
-
-
-def _slices(B: int, parts: int) -> list[slice]:
-    """Whole prompt groups per slice: with two parts, two halves."""
-    cut = (B + 1) // 2 if parts > 1 and B > 1 else B
-    return [slice(0, cut)] + ([slice(cut, B)] if cut < B else [])
-
-
-def score(policy: M.Policy, frozen: Frozen, side: SideThread, prompts: torch.Tensor, responses: torch.Tensor,
-          tables: list, G: int) -> Rollout:
-    """Score `responses` with the reward model (on the side thread) while this thread runs the policy,
-    with gradient, one graph per slice of prompts (so their backward passes can run on both threads),
-    and the reference."""
-    job = side.submit(R.score, frozen.rm, prompts.repeat_interleave(G, 0), responses, RM_CHUNK, frozen.rm_table)
-    pieces = [rollout.grouped_logprobs(policy, prompts[s], responses[s.start * G:s.stop * G], G, t)
-              for s, t in zip(_slices(len(prompts), len(tables)), tables)]
-    with torch.inference_mode():
-        ref_logprobs = rollout.grouped_logprobs(frozen.ref, prompts, responses, G, frozen.ref_table)[0]
-    raw = job.result()
-    return Rollout(raw, [p[0] for p in pieces], torch.cat([p[1].detach() for p in pieces]),
-                   ref_logprobs)
-
-
-def update(side: SideThread, losses: list[torch.Tensor], params: list[torch.Tensor], opt: torch.optim.Optimizer,
-           max_grad_norm: float) -> float:
-    """Gradients of the summed losses (one backward per graph, on both threads), clip, optimiser step."""
-    jobs = [side.submit(torch.autograd.grad, loss, params) for loss in losses[1:]]
-    grads = list(torch.autograd.grad(losses[0], params))
-    for job in jobs:
-        grads = torch._foreach_add(grads, list(job.result()))
-    for p, g in zip(params, grads):
+def update(loss: torch.Tensor, params: list[torch.Tensor], opt: torch.optim.Optimizer, max_grad_norm: float) -> float:
+    """Gradients of the loss, clip, optimiser step; returns the gradient norm before clipping."""
+    for p, g in zip(params, torch.autograd.grad(loss, params)):
         p.grad = g
     grad_norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm, foreach=True)
     opt.step()
@@ -213,7 +178,20 @@ class Learner:
     opt: torch.optim.Optimizer
     rng: torch.Generator
     wrap: RewardWrapper | None
-    side: SideThread
+    partner: Partner | None
+
+    def sample(self, prompts: torch.Tensor) -> tuple[torch.Tensor, Callable[[], torch.Tensor], tuple]:
+        """Sample B*G responses; returns them, a function giving their reward-model scores, and the
+        policy's first-block table (with gradient) for the forward pass."""
+        cfg, G = self.cfg, self.cfg.samples_per_prompt
+        table = self.policy.first_layer_table()
+        if self.partner is not None:  # it samples half and scores all while this process runs the policy
+            uniforms = rollout.draw_uniforms(self.policy.cfg["resp_len"], len(prompts) * G, self.rng)
+            return self.partner.sample(prompts, uniforms, table), self.partner.rewards, table
+        responses = rollout.sample_cached(self.policy, prompts, G, cfg.temperature, self.rng, table)  # (N, L)
+        rm = self.frozen
+        return responses, lambda: R.score(rm.rm, prompts.repeat_interleave(G, 0), responses, RM_CHUNK,
+                                          rm.rm_table), table
 
     def step(self, records: list[dict], prompts: torch.Tensor, clock: dict[str, float]
              ) -> tuple[dict[str, torch.Tensor], torch.Tensor, float, float]:
@@ -221,29 +199,29 @@ class Learner:
         the loss and the gradient norm; adds seconds per phase to `clock`."""
         cfg, G, B = self.cfg, self.cfg.samples_per_prompt, len(prompts)
         t0 = time.perf_counter()
-        tables = [self.policy.first_layer_table() for _ in _slices(B, 2 if self.side.parallel else 1)]
-        responses = rollout.sample_cached(self.policy, prompts, G, cfg.temperature, self.rng, tables[0])  # (N, L)
+        responses, scores, table = self.sample(prompts)
         t1 = time.perf_counter()
-        ro = score(self.policy, self.frozen, self.side, prompts, responses, tables, G)
-        rewards = ro.raw if self.wrap is None else apply_wrapper(
-            self.wrap, cfg.reward_wrapper or "<callable>", [records[i // G] for i in range(B * G)], responses, ro.raw)
+        logprobs, logp = rollout.grouped_logprobs(self.policy, prompts, responses, G, table)  # (N, L), (N, L, C)
+        with torch.inference_mode():
+            ref_logprobs = rollout.grouped_logprobs(self.frozen.ref, prompts, responses, G, self.frozen.ref_table)[0]
+        raw = scores()
+        rewards = raw if self.wrap is None else apply_wrapper(
+            self.wrap, cfg.reward_wrapper or "<callable>", [records[i // G] for i in range(B * G)], responses, raw)
         with torch.no_grad():
-            lp = torch.cat([x.detach() for x in ro.logprobs])
-            kl = rl_math.kl_k1(lp, ro.ref_logprobs)
+            lp = logprobs.detach()
+            kl = rl_math.kl_k1(lp, ref_logprobs)
             shaped = rl_math.shaped_rewards(rewards, kl, cfg.kl_coef)
-            advantages = rl_math.group_advantages(shaped, G).split([len(x) for x in ro.logprobs])
-            stats = {"proxy": ro.raw, "reward": rewards, "shaped": shaped, "kl": kl,
-                     "kl_k3": rl_math.kl_k3(lp, ro.ref_logprobs),
-                     "entropy": -(ro.logp.exp() * ro.logp).sum(-1).mean(-1)}
-        # the batch loss is the mean over all samples, so a slice's mean counts by its share of them
-        losses = [rl_math.policy_gradient_loss(a, x.sum(-1)) * (len(x) / (B * G))
-                  for a, x in zip(advantages, ro.logprobs)]
+            advantages = rl_math.group_advantages(shaped, G)
+            logp = logp.detach()
+            stats = {"proxy": raw, "reward": rewards, "shaped": shaped, "kl": kl,
+                     "kl_k3": rl_math.kl_k3(lp, ref_logprobs), "entropy": -(logp.exp() * logp).sum(-1).mean(-1)}
+        loss = rl_math.policy_gradient_loss(advantages, logprobs.sum(-1))
         t2 = time.perf_counter()
-        grad_norm = update(self.side, losses, list(self.policy.parameters()), self.opt, cfg.max_grad_norm)
+        grad_norm = update(loss, list(self.policy.parameters()), self.opt, cfg.max_grad_norm)
         t3 = time.perf_counter()
         for k, secs in (("sample", t1 - t0), ("score", t2 - t1), ("backward", t3 - t2)):
             clock[k] = clock.get(k, 0.0) + secs
-        return stats, responses, sum(float(x.detach()) for x in losses), grad_norm
+        return stats, responses, float(loss.detach()), grad_norm
 
 
 def _report(step: int, n: int, seconds: float, acc: FamilyAccumulator, scalars: dict[str, float]
@@ -275,9 +253,14 @@ def train_rl(cfg: RLConfig, on_log: Callable[[int, dict], None] | None = None,
     opt = torch.optim.Adam(policy.parameters(), lr=cfg.lr, fused=True)
     acc, scalars, result = FamilyAccumulator(METRICS), {"loss": 0.0, "grad_norm": 0.0}, RLResult(policy, pcfg)
     t_start = t_window = time.perf_counter()
-    # with two threads, the reward model and half of the backward run on the side thread
-    with SideThread() as side:
-        learner = Learner(cfg, policy, Frozen.load(cfg), opt, rng, wrapper or load_wrapper(cfg.reward_wrapper), side)
+    frozen, wrap = Frozen.load(cfg), wrapper or load_wrapper(cfg.reward_wrapper)
+    # with two cores, a partner process samples half of each batch and runs the reward model
+    with contextlib.ExitStack() as stack:
+        partner = None
+        if available(torch.get_num_threads(), cfg.batch_prompts):
+            partner = stack.enter_context(Partner(policy, frozen.rm, frozen.rm_table, cfg.batch_prompts,
+                                                  cfg.samples_per_prompt, cfg.temperature))
+        learner = Learner(cfg, policy, frozen, opt, rng, wrap, partner)
         for step in range(1, cfg.steps + 1):
             records, prompts = sampler.sample(cfg.batch_prompts, rng)
             stats, responses, loss, grad_norm = learner.step(records, prompts, clock)

@@ -122,8 +122,8 @@ def test_table_lookups_equal_the_plain_forwards(tiny_world):
 
 
 def test_two_threads_take_the_same_step_as_one(tiny_world):
-    """With two torch threads train_rl scores on a side thread and differentiates each half of the batch
-    on its own thread, summing the gradients; the step must equal the one-thread step to float tolerance."""
+    """With two torch threads train_rl forks a partner process that samples half of each batch and runs
+    the reward model; the steps must equal the one-process steps to float tolerance (same random stream)."""
     cfg = _cfg(tiny_world, steps=2, batch_prompts=6)
     threads = torch.get_num_threads()
     try:
@@ -139,6 +139,47 @@ def test_two_threads_take_the_same_step_as_one(tiny_world):
             a, b = a[torch.arange(3 * d) // d != 1], b[torch.arange(3 * d) // d != 1]  # shift-invariant)
         assert torch.allclose(a, b, atol=1e-6), k
     assert one.history[-1][1]["kl/balanced"] == pytest.approx(two.history[-1][1]["kl/balanced"], abs=1e-5)
+
+
+def test_a_failing_partner_process_raises_and_leaves_no_process(tiny_world, monkeypatch):
+    """An error inside the partner (here its reward model) reaches the caller with the partner's
+    traceback instead of a hang, and neither a failure nor a normal end leaves a child process."""
+    import multiprocessing
+
+    from rlhf_mlflow import partner
+
+    cfg = _cfg(tiny_world, steps=3, batch_prompts=4)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        train_rl(cfg)
+        assert multiprocessing.active_children() == []
+
+        def broken(*a, **k):
+            raise ValueError("reward model exploded")
+        monkeypatch.setattr(partner.R, "score", broken)  # the forked partner inherits the patch
+        with pytest.raises(partner.PartnerFailed, match="reward model exploded"):
+            train_rl(cfg)
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(threads)
+    assert multiprocessing.active_children() == []
+
+
+def test_an_error_on_the_main_side_stops_the_partner(tiny_world, tmp_path):
+    """A reward wrapper that raises (main side, mid-step) ends the run with its error; the partner exits."""
+    import multiprocessing
+
+    wrapper = tmp_path / "bad.py"
+    wrapper.write_text("def transform(records, tokens, rewards):\n    raise KeyError('nope')\n")
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        with pytest.raises(InputError, match="KeyError"):
+            train_rl(_cfg(tiny_world, reward_wrapper=str(wrapper)))
+    finally:
+        torch.set_num_threads(threads)
+    assert multiprocessing.active_children() == []
 
 
 def _within(counts: torch.Tensor, probs: torch.Tensor, z: float = 4.5) -> bool:
