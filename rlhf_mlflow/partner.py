@@ -156,8 +156,10 @@ class Partner:
             b["responses"][n:] = rollout.sample_cached(self.policy, prompts[self.cut:], self.group, self.temperature,
                                                        None, table, b["uniforms"][:, n:])
         self.flags[PARTNER_SAMPLED] = seq
+        prompts_rep = prompts.repeat_interleave(self.group, 0)
+        # its own rows first, then the main side's (sampled meanwhile): in RM_CHUNK rows either way
+        b["raw"][n:] = R.score(self.rm, prompts_rep[n:], b["responses"][n:], RM_CHUNK, self.rm_table)
         if not self._await(MAIN_SAMPLED, seq, parent):
             return
-        b["raw"].copy_(R.score(self.rm, prompts.repeat_interleave(self.group, 0), b["responses"], RM_CHUNK,
-                               self.rm_table))
+        b["raw"][:n] = R.score(self.rm, prompts_rep[:n], b["responses"][:n], RM_CHUNK, self.rm_table)
         self.flags[SCORED] = seq
