@@ -41,8 +41,10 @@ class PartnerFailed(RuntimeError):
 
 
 def available(threads: int, batch_prompts: int) -> bool:
-    """Worth starting: two cores for this run, a batch to split, and fork (Linux) to share the models."""
-    return threads >= 2 and batch_prompts >= 2 and sys.platform == "linux"
+    """Worth starting: two threads granted and two CPUs to run them (the two sides spin while they wait,
+    which on one CPU would starve the other), a batch to split, and fork (Linux) to share the models."""
+    return (threads >= 2 and batch_prompts >= 2 and sys.platform == "linux"
+            and len(os.sched_getaffinity(0)) >= 2)
 
 
 class Partner:

@@ -10,6 +10,7 @@ import torch
 
 from rlhf_mlflow import data as D
 from rlhf_mlflow import model as M
+from rlhf_mlflow import reward_model as R
 from rlhf_mlflow import rollout
 from rlhf_mlflow import vocab as V
 from rlhf_mlflow.errors import InputError
@@ -110,7 +111,6 @@ def test_grouped_logprobs_equal_the_plain_forward(tiny_world):
 
 def test_table_lookups_equal_the_plain_forwards(tiny_world):
     """The first block as a lookup table (reward model and policy) gives the plain forward's numbers."""
-    from rlhf_mlflow import reward_model as R
     rm = R.load_rm(os.path.join(tiny_world, "reward_model"))[0]
     policy = M.load_policy(os.path.join(tiny_world, "policy"))[0]
     prompts = D.prompts_tensor(D.read_jsonl(os.path.join(tiny_world, "data", "prompts_train.jsonl"))[:6])
@@ -155,9 +155,13 @@ def test_a_failing_partner_process_raises_and_leaves_no_process(tiny_world, monk
         train_rl(cfg)
         assert multiprocessing.active_children() == []
 
-        def broken(*a, **k):
-            raise ValueError("reward model exploded")
-        monkeypatch.setattr(partner.R, "score", broken)  # the forked partner inherits the patch
+        here, real = os.getpid(), R.score
+
+        def broken(*a, **k):  # fails in the partner only
+            if os.getpid() != here:
+                raise ValueError("reward model exploded")
+            return real(*a, **k)
+        monkeypatch.setattr(R, "score", broken)  # the forked partner inherits the patch
         with pytest.raises(partner.PartnerFailed, match="reward model exploded"):
             train_rl(cfg)
         assert torch.get_num_threads() == 2
