@@ -2,7 +2,8 @@
 
     python benchmarks/train_rl_speed.py [--steps 200] [--repeats 3] [--world DIR]
 
-Runs the two loops alternately (--repeats times each, B=16 x G=8) and prints steps/s of each (median),
+Runs the seed-faithful loop, ours, and ours in one process on one thread alternately (--repeats times
+each, B=16 x G=8) and prints steps/s of each (median),
 the per-step time split (sample, score, backward; mean over repeats), the load average before and
 after (the ratio is robust to a shared machine, absolute times are not), the other steps' times on the
 same world, a markdown table for the README, and last `speedup: X.XX` (ours / seed-faithful).
@@ -20,9 +21,12 @@ from dataclasses import replace
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+import torch  # noqa: E402
+
 from benchmarks import seed_loop  # noqa: E402
 from rlhf_mlflow import data as D  # noqa: E402
 from rlhf_mlflow import model as M  # noqa: E402
+from rlhf_mlflow import partner  # noqa: E402
 from rlhf_mlflow import reward_model as R  # noqa: E402
 from rlhf_mlflow.evaluate import dev_eval  # noqa: E402
 from rlhf_mlflow.runtime import configure_threads  # noqa: E402
@@ -42,14 +46,28 @@ def load() -> str:
     return "load average " + " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
+def one_process(cfg: RLConfig, t: dict) -> None:
+    """Ours on one thread: no partner process (what main's and the sweep's side-by-side workers run)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        train_rl(cfg, timings=t)
+    finally:
+        torch.set_num_threads(threads)
+
+
+LOOPS = {"seed": "seed-faithful loop", "ours": "train_rl", "ours_1p": "train_rl, one process"}
+
+
 def compare_loops(cfg: RLConfig, repeats: int) -> dict[str, dict]:
-    """Alternate the two loops; per loop, steps/s of each repeat and the mean per-step split (ms)."""
-    out = {name: {"rates": [], "split": dict.fromkeys(PHASES, 0.0)} for name in ("seed", "ours")}
+    """Alternate the loops; per loop, steps/s of each repeat and the mean per-step split (ms)."""
+    out = {name: {"rates": [], "split": dict.fromkeys(PHASES, 0.0)} for name in LOOPS}
     warm = replace(cfg, steps=3, log_every=3)  # one-time costs (lazy library init, first allocations) off the clock
     seed_loop.train(warm)
     train_rl(warm)
     for r in range(repeats):
-        for name, run in (("seed", seed_loop.train), ("ours", lambda c, t: train_rl(c, timings=t))):
+        for name, run in (("seed", seed_loop.train), ("ours", lambda c, t: train_rl(c, timings=t)),
+                          ("ours_1p", one_process)):
             t: dict[str, float] = {}
             secs = timed(lambda: run(cfg, t))
             out[name]["rates"].append(cfg.steps / secs)
@@ -87,12 +105,13 @@ def other_steps(world: str) -> dict[str, float | None]:
 def table(loops: dict[str, dict], steps: int, threads: int, others: dict[str, float | None]) -> str:
     """The README's performance table (markdown)."""
     rows = ["| | steps/s | ms/step | sample | score | backward |", "|---|---:|---:|---:|---:|---:|"]
-    for name, label in (("seed", "seed-faithful loop"), ("ours", "train_rl")):
+    for name, label in LOOPS.items():
         rate, s = statistics.median(loops[name]["rates"]), loops[name]["split"]
         rows.append(f"| {label} | {rate:.1f} | {1000 / rate:.1f} | " + " | ".join(f"{s[k]:.1f}" for k in PHASES) + " |")
     speedup = statistics.median(loops["ours"]["rates"]) / statistics.median(loops["seed"]["rates"])
-    rows.append(f"\nB=16 x G=8, {steps} steps, median of {len(loops['ours']['rates'])}, {threads} threads; "
-                f"times in ms per step; speedup {speedup:.2f}x.\n")
+    rows.append(f"\nB=16 x G=8, {steps} steps, median of {len(loops['ours']['rates'])}, {threads} threads (train_rl: "
+                f"{'with' if partner.available(threads, 16) else 'without'} its partner process); times in ms per "
+                f"step; speedup {speedup:.2f}x.\n")
     rows += ["| step | seconds |", "|---|---:|"]
     rows += [f"| {k} | {'n/a' if v is None else f'{v:.2f}'} |" for k, v in others.items()]
     return "\n".join(rows)
@@ -109,9 +128,9 @@ def main() -> None:
     cfg = RLConfig(steps=a.steps, log_every=a.steps, batch_prompts=16, samples_per_prompt=8).resolved(world)
     print(f"world {world}; B=16 G=8, {a.steps} steps, {threads} threads, median of {a.repeats}; {load()}")
     loops = compare_loops(cfg, a.repeats)
-    for name, label in (("seed", "seed-faithful loop"), ("ours", "ours")):
+    for name, label in LOOPS.items():
         s = loops[name]["split"]
-        print(f"{label + ':':20s}{statistics.median(loops[name]['rates']):6.2f} steps/s  per step: "
+        print(f"{label + ':':24s}{statistics.median(loops[name]['rates']):6.2f} steps/s  per step: "
               + ", ".join(f"{k} {s[k]:.1f}ms" for k in PHASES))
     print(f"after the loops: {load()}")
     others = other_steps(world)
