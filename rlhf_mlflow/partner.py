@@ -48,7 +48,7 @@ def available(threads: int, batch_prompts: int) -> bool:
 
 
 class Partner:
-    """Owns the partner process and the shared buffers of one RL run; `step` is one step's exchange."""
+    """Owns the partner process and the shared buffers of one RL run; per step, sample() then rewards()."""
 
     def __init__(self, policy: M.Policy, rm: R.RewardModel, rm_table: tuple[torch.Tensor, torch.Tensor],
                  batch_prompts: int, group: int, temperature: float):
@@ -61,8 +61,8 @@ class Partner:
                     "responses": torch.zeros(N, L, dtype=torch.long), "raw": torch.zeros(N)}
         for t in self.buf.values():
             t.share_memory_()
-        self.flags_t = torch.zeros(5, dtype=torch.int64).share_memory_()
-        self.flags = self.flags_t.numpy()
+        self.flags_t = torch.zeros(5, dtype=torch.int64).share_memory_()  # kept: it owns the shared memory
+        self.flags = self.flags_t.numpy()  # a numpy view: a Python-level read or write costs ~100 ns
         self.seq = 0
         policy.share_memory()  # parameters to shared memory before the fork: updates reach the partner
         self.errors, child_end = mp.get_context("fork").Pipe(duplex=False)
@@ -139,15 +139,17 @@ class Partner:
 
     def _await(self, slot: int, seq: int, parent: int) -> bool:
         """Wait until the main side has reached `seq` in `slot`; False when told to stop (or orphaned)."""
-        start, looks = time.perf_counter(), 0
+        start, looks, idle = time.perf_counter(), 0, False
         while self.flags[slot] < seq:
             if self.flags[GO] == STOP:
                 return False
             looks += 1
-            if looks % 4096 == 0 and time.perf_counter() - start > SPIN_SECONDS:
-                if os.getppid() != parent:
-                    return False
+            if idle:  # the main side is away (logging, saving): nap instead of holding a CPU it may want
                 time.sleep(1e-4)
+            elif looks % 4096 == 0 and time.perf_counter() - start > SPIN_SECONDS:
+                idle = True
+            if looks % 4096 == 0 and os.getppid() != parent:
+                return False
         return self.flags[GO] != STOP
 
     def _partner_step(self, seq: int, parent: int) -> None:
