@@ -22,6 +22,7 @@ import os
 import sys
 import time
 import traceback
+from collections.abc import Callable
 
 import torch
 
@@ -29,15 +30,30 @@ from . import model as M
 from . import reward_model as R
 from . import rollout
 
-RM_CHUNK = 32  # sequences per reward-model pass: activations stay in a core's L2 cache (~20% faster here)
 # flag slots: the step the partner should run (STOP ends it), the last step each side finished a phase of
 GO, PARTNER_SAMPLED, MAIN_SAMPLED, SCORED, FAILED = range(5)
 STOP = -1
-SPIN_SECONDS = 0.05  # busy-wait this long before sleeping between looks (the main side may be logging)
+SPIN_SECONDS = 0.05  # busy-wait this long, then nap between looks (see wait_for)
 
 
 class PartnerFailed(RuntimeError):
     pass
+
+
+def wait_for(flags, slot: int, seq: int, still_ok: Callable[[], bool]) -> bool:
+    """Spin until flags[slot] >= seq; True then, False as soon as still_ok() says no (asked every 4096
+    looks). After SPIN_SECONDS of waiting the other side is away (logging, saving a checkpoint), so nap
+    100 us between looks instead of holding a CPU it may want."""
+    start, looks, idle = time.perf_counter(), 0, False
+    while flags[slot] < seq:
+        looks += 1
+        if idle:
+            time.sleep(1e-4)
+        if looks % 4096 == 0 or idle:
+            if not still_ok():
+                return False
+            idle = idle or time.perf_counter() - start > SPIN_SECONDS
+    return still_ok()
 
 
 def available(threads: int, batch_prompts: int) -> bool:
@@ -65,9 +81,9 @@ class Partner:
         self.flags = self.flags_t.numpy()  # a numpy view: a Python-level read or write costs ~100 ns
         self.seq = 0
         policy.share_memory()  # parameters to shared memory before the fork: updates reach the partner
-        self.errors, child_end = mp.get_context("fork").Pipe(duplex=False)
-        self.proc = mp.get_context("fork").Process(target=self._serve, args=(child_end, os.getpid()),
-                                                   name="rlhf-partner", daemon=True)
+        ctx = mp.get_context("fork")
+        self.errors, child_end = ctx.Pipe(duplex=False)
+        self.proc = ctx.Process(target=self._serve, args=(child_end, os.getpid()), name="rlhf-partner", daemon=True)
         self.proc.start()
         child_end.close()
         self.threads = torch.get_num_threads()
@@ -93,14 +109,8 @@ class Partner:
         return self.buf["raw"].clone()
 
     def _wait(self, slot: int) -> None:
-        start, looks = time.perf_counter(), 0
-        while self.flags[slot] < self.seq:
-            looks += 1
-            if looks % 4096 == 0:
-                if self.flags[FAILED] or not self.proc.is_alive():
-                    raise PartnerFailed(self._failure())
-                if time.perf_counter() - start > SPIN_SECONDS:
-                    time.sleep(1e-4)
+        if not wait_for(self.flags, slot, self.seq, lambda: not self.flags[FAILED] and self.proc.is_alive()):
+            raise PartnerFailed(self._failure())
 
     def _failure(self) -> str:
         msg = self.errors.recv() if self.errors.poll(1.0) else f"exit code {self.proc.exitcode}"
@@ -139,18 +149,7 @@ class Partner:
 
     def _await(self, slot: int, seq: int, parent: int) -> bool:
         """Wait until the main side has reached `seq` in `slot`; False when told to stop (or orphaned)."""
-        start, looks, idle = time.perf_counter(), 0, False
-        while self.flags[slot] < seq:
-            if self.flags[GO] == STOP:
-                return False
-            looks += 1
-            if idle:  # the main side is away (logging, saving): nap instead of holding a CPU it may want
-                time.sleep(1e-4)
-            elif looks % 4096 == 0 and time.perf_counter() - start > SPIN_SECONDS:
-                idle = True
-            if looks % 4096 == 0 and os.getppid() != parent:
-                return False
-        return self.flags[GO] != STOP
+        return wait_for(self.flags, slot, seq, lambda: self.flags[GO] != STOP and os.getppid() == parent)
 
     def _partner_step(self, seq: int, parent: int) -> None:
         b, n = self.buf, self.cut * self.group
@@ -161,9 +160,9 @@ class Partner:
                                                        None, table, b["uniforms"][:, n:])
         self.flags[PARTNER_SAMPLED] = seq
         prompts_rep = prompts.repeat_interleave(self.group, 0)
-        # its own rows first, then the main side's (sampled meanwhile): in RM_CHUNK rows either way
-        b["raw"][n:] = R.score(self.rm, prompts_rep[n:], b["responses"][n:], RM_CHUNK, self.rm_table)
+        # its own rows first, then the main side's (sampled meanwhile): in R.RL_CHUNK rows either way
+        b["raw"][n:] = R.score(self.rm, prompts_rep[n:], b["responses"][n:], R.RL_CHUNK, self.rm_table)
         if not self._await(MAIN_SAMPLED, seq, parent):
             return
-        b["raw"][:n] = R.score(self.rm, prompts_rep[:n], b["responses"][:n], RM_CHUNK, self.rm_table)
+        b["raw"][:n] = R.score(self.rm, prompts_rep[:n], b["responses"][:n], R.RL_CHUNK, self.rm_table)
         self.flags[SCORED] = seq

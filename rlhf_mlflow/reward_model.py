@@ -13,6 +13,7 @@ from .model import Trunk
 
 CONFIG_KEYS = ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff", "seq_len")
 WEIGHTS = "rm.safetensors"
+RL_CHUNK = 32  # sequences per pass in the RL step: activations stay in a core's L2 cache (~20% faster here)
 
 
 def default_config() -> dict:

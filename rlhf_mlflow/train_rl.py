@@ -27,7 +27,7 @@ from .checkpoint import freeze
 from .config import check_range
 from .errors import InputError
 from .family_stats import FamilyAccumulator, family_of
-from .partner import RM_CHUNK, Partner, available
+from .partner import Partner, available
 
 log = logging.getLogger(__name__)
 PATH_KEYS = ("policy_init", "policy_ref", "reward_model", "prompt_file", "reward_wrapper")
@@ -189,9 +189,9 @@ class Learner:
             uniforms = rollout.draw_uniforms(self.policy.cfg["resp_len"], len(prompts) * G, self.rng)
             return self.partner.sample(prompts, uniforms, table), self.partner.rewards, table
         responses = rollout.sample_cached(self.policy, prompts, G, cfg.temperature, self.rng, table)  # (N, L)
-        rm = self.frozen
-        return responses, lambda: R.score(rm.rm, prompts.repeat_interleave(G, 0), responses, RM_CHUNK,
-                                          rm.rm_table), table
+        frozen = self.frozen
+        return responses, lambda: R.score(frozen.rm, prompts.repeat_interleave(G, 0), responses, R.RL_CHUNK,
+                                          frozen.rm_table), table
 
     def step(self, records: list[dict], prompts: torch.Tensor, clock: dict[str, float]
              ) -> tuple[dict[str, torch.Tensor], torch.Tensor, float, float]:
