@@ -20,7 +20,7 @@ def check_range(name: str, value, lo=None, hi=None, integer: bool = False, lo_op
         ok = value <= hi
     if not ok:
         lo_s = "-inf" if lo is None else str(lo)
-        rng = f"{'(' if lo_open else '['}{lo_s}, {'inf' if hi is None else hi}]"
+        rng = f"{'(' if lo_open else '['}{lo_s}, {'inf)' if hi is None else f'{hi}]'}"
         raise InputError(f"{name} must be {kind} in {rng}, got {value!r}")
 
 

@@ -28,6 +28,10 @@ class GuardrailConfig:
     """Certified balanced quality must exceed the current champion's by more than this."""
 
     def __post_init__(self):
+        # every threshold finite and in range: a NaN compares False both ways and would disable its guardrail
+        check_range("min_balanced_gain", self.min_balanced_gain, -1, 1)
+        check_range("min_family_change", self.min_family_change, -1, 1)
+        check_range("champion_margin", self.champion_margin, 0, 1)
         check_range("min_ess", self.min_ess, 1)
         check_range("max_family_kl", self.max_family_kl, 0, lo_open=True)
         check_range("max_marker_increase", self.max_marker_increase, 0)
