@@ -36,6 +36,7 @@ from . import model as M
 from . import ope_math as O
 from . import reward_model as R
 from . import vocab as V
+from .checkpoint import content_sha256
 from .config import check_range
 from .correction import feature_count
 from .errors import InputError
@@ -227,20 +228,23 @@ def aggregate(rows: dict, draws: dict, ref_draws: dict, weights: dict[str, float
 
 def certify(policy_dir: str, reference_dir: str, gold_path: str, *, rm_dir: str | None = None,
             correction: str | None = None, diagnostic: str | dict | None = None,
-            pilot_prompts: str | None = None, cfg: CertifyConfig = CertifyConfig()) -> dict:
+            pilot_prompts: str | None = None, cfg: CertifyConfig = CertifyConfig(),
+            shortcuts: list[dict] | None = None) -> dict:
     """Certify `policy_dir` against `reference_dir` with the expert set at `gold_path`.
 
     `rm_dir` enables the direct and doubly-robust estimates; `correction` is a reward-wrapper file
     (from `rlhf_mlflow.correction`) applied to the reward model's scores; `diagnostic` (evidence
-    JSON, path or dict) adds the flagged shortcuts' counts under the policy and the reference;
-    `pilot_prompts` adds the `pilot` aggregate weighted by that file's family mix."""
+    JSON, path or dict) adds the flagged shortcuts' counts under the policy and the reference
+    (`shortcuts`, the flagged rules themselves, instead: how a report is recomputed);
+    `pilot_prompts` adds the `pilot` aggregate weighted by that file's family mix. The report
+    records its inputs, their sha256 and the rules, so that release can recompute it."""
     gold = D.read_jsonl(gold_path, labelled=True)
     policy, _ = M.load_policy(policy_dir)
     reference, _ = M.load_policy(reference_dir)
     rm = R.load_rm(rm_dir)[0] if rm_dir else None
     from .train_rl import load_wrapper
     wrapper = load_wrapper(correction)
-    shortcuts = _flagged_shortcuts(diagnostic)
+    shortcuts = _flagged_shortcuts(diagnostic) if shortcuts is None else shortcuts
     gen = torch.Generator().manual_seed(cfg.seed)
     rng = np.random.default_rng(cfg.seed)
     rows, draws, ref_draws = {}, {}, {}
@@ -256,7 +260,9 @@ def certify(policy_dir: str, reference_dir: str, gold_path: str, *, rm_dir: str 
               "balanced": aggregate(rows, draws, ref_draws, {f: 1.0 for f in V.FAMILIES}, cfg),
               "config": asdict(cfg),
               "inputs": {"policy": policy_dir, "reference": reference_dir, "gold": gold_path, "rm_dir": rm_dir,
-                         "correction": correction}}
+                         "correction": correction, "pilot_prompts": pilot_prompts},
+              "shortcut_rules": shortcuts}
+    report["input_sha256"] = {k: content_sha256(v) for k, v in report["inputs"].items() if v and k != "policy"}
     if pilot_prompts:
         mix = Counter(r["family"] for r in D.read_jsonl(pilot_prompts))
         report["pilot"] = aggregate(rows, draws, ref_draws, dict(mix), cfg)

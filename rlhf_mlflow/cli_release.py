@@ -66,11 +66,13 @@ def certify_cmd(model_version, policy, world, reference, gold, rm_dir, correctio
               help="Comma-separated key=value overrides of guardrail thresholds, e.g. 'max_family_kl=4,min_ess=20'.")
 @click.option("--guardrail", "guardrail", multiple=True,
               help="One key=value guardrail threshold, repeatable (the spelling `sweep` takes).")
-def release_cmd(model_version, certification_run, guardrails, guardrail):
+@click.option("--lock-wait", type=click.FloatRange(0), default=600.0, show_default=True,
+              help="Seconds to wait for another release of the model to finish (releases decide one at a time).")
+def release_cmd(model_version, certification_run, guardrails, guardrail, lock_wait):
     """Promote a version to `champion` only if every guardrail passes; tag the version with each result."""
     from .release_run import run_release
     res = run_release(model_version, certification_run, _guardrail_overrides(guardrails, guardrail),
-                      echo=lambda m: click.echo(m, err=True))
+                      echo=lambda m: click.echo(m, err=True), lock_wait=lock_wait)
     click.echo(json.dumps({"decision": res["decision"], "run_id": res["run_id"],
                            "guardrails": {k: {"pass": ok, "reason": why} for k, (ok, why) in res["guardrails"].items()}},
                           indent=1))

@@ -10,6 +10,10 @@ class InputError(ValueError):
     """
 
 
+class GateError(InputError):
+    """The release gate cannot decide now: its lock is held by another release, or was lost."""
+
+
 def read_json(path: str, missing: str = "file not found"):
     """Parse a JSON file; a missing file or bad JSON raises InputError naming the file (and line)."""
     if not os.path.isfile(path):

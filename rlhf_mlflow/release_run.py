@@ -11,15 +11,18 @@ grade    (synthetic worlds) logs the oracle's `truth/<family>` on its own run; r
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable
 
 from . import certify as C
 from . import guardrails as G
+from .checkpoint import content_sha256
 from .errors import InputError
 from .figures import certification_plot
 from .reports import certification_markdown, release_markdown
 from .tracking import registry as REG
 from .tracking import runs as T
+from .tracking.release_lock import ReleaseLock
 
 
 def world_inputs(world: str | None, **explicit) -> dict:
@@ -54,15 +57,18 @@ def certification_metrics(report: dict) -> dict:
 
 def run_certify(version: str | None = None, policy: str | None = None, world: str | None = None,
                 reference: str | None = None, gold: str | None = None, rm_dir: str | None = None,
-                correction: str | None = None, diagnostic: str | None = None, pilot_prompts: str | None = None,
-                cfg: C.CertifyConfig = C.CertifyConfig(), echo: Callable[[str], None] = print) -> dict:
+                correction: str | None = None, diagnostic: str | dict | None = None, pilot_prompts: str | None = None,
+                cfg: C.CertifyConfig = C.CertifyConfig(), echo: Callable[[str], None] = print,
+                tags: dict | None = None) -> dict:
     """Certify a registered version (or a plain checkpoint directory) as an MLflow run."""
     if bool(version) == bool(policy):
         raise InputError("certify needs exactly one of --model-version or --policy")
     inputs = world_inputs(world, reference=reference, gold=gold, rm_dir=rm_dir, pilot_prompts=pilot_prompts)
     params = {**inputs, "model_version": version, "policy": policy, "correction": correction,
-              "diagnostic": diagnostic, **{f"certify.{k}": v for k, v in cfg.__dict__.items()}}
-    with T.tracked_run("certify", params, run_name=f"certify-v{version}" if version else "certify") as run:
+              "diagnostic": diagnostic if isinstance(diagnostic, str) or diagnostic is None else "(in memory)",
+              **{f"certify.{k}": v for k, v in cfg.__dict__.items()}}
+    with T.tracked_run("certify", params, tags=tags,
+                       run_name=f"certify-v{version}" if version else "certify") as run:
         model_id = None
         if version:
             REG.get_version(version)
@@ -76,13 +82,12 @@ def run_certify(version: str | None = None, policy: str | None = None, world: st
         report["subject"] = ({"registered_model": REG.REGISTERED_MODEL, "model_version": str(version),
                               "model_id": model_id} if version else {"policy": policy})
         T.log_metrics(certification_metrics(report), model_id=model_id)
-        T.log_json_artifact(report, REG.CERT_ARTIFACT)
+        sha = T.log_json_artifact(report, REG.CERT_ARTIFACT)
         T.log_text(certification_markdown(report), "certification.md")
         T.log_figure(certification_plot(report), "figures/certification.png")
-        if version:
-            b = report["balanced"]
-            REG.set_tags(version, {"certification.run_id": run.info.run_id,
-                                   "certification.balanced": f"{b['estimate']:.4f}" if b["certifiable"] else "refused"})
+        if version:  # last: a failure above leaves the version untagged
+            REG.set_tags(version, {"certification.run_id": run.info.run_id, "certification.sha256": sha,
+                                   "certification.balanced": REG.balanced_tag(report)})
         echo(_summary_line(report, version))
     return {"run_id": run.info.run_id, "report": report}
 
@@ -97,40 +102,91 @@ def _summary_line(report: dict, version) -> str:
 
 
 def run_release(version: str, certification_run: str | None = None, guardrails: dict | None = None,
-                echo: Callable[[str], None] = print) -> dict:
-    """Evaluate the guardrails for `version`; promote it to champion only if every one passes."""
+                echo: Callable[[str], None] = print, lock_wait: float = 600.0) -> dict:
+    """Evaluate the guardrails for `version`; promote it to champion only if every one passes.
+
+    The certification is checked before anything else (provenance, then recomputed from its inputs
+    where they are on this machine); the champion read, the guardrails and the alias move then happen
+    under the registry's release lock, so concurrent releases decide one after another."""
     cfg = G.GuardrailConfig.from_dict(guardrails or {})
     params = {"model_version": version, "certification_run": certification_run,
               **{f"guardrail.{k}": v for k, v in cfg.to_dict().items()}}
     with T.tracked_run("release", params, run_name=f"release-v{version}") as run:
         mv = REG.get_version(version)
         cert_run, report = REG.certification_for(mv, certification_run)
-        current = REG.champion_version()
-        champion_report = None
-        if current is not None and current.version != mv.version:
-            champion_report = REG.certification_for(current)[1]
-        results = G.evaluate(report, cfg, champion_report)
-        if current is not None and current.version == mv.version:
-            results["beats_champion"] = (True, "already the champion")
-        passed = all(ok for ok, _ in results.values())
-        decision = "promoted" if passed else "refused"
-        T.log_metrics({f"guardrail/{k}": float(ok) for k, (ok, _) in results.items()} | {"promoted": float(passed)})
-        T.log_text(release_markdown(mv.version, results, decision, current.version if current else None),
-                   "release.md")
-        T.log_json_artifact({"model_version": mv.version, "certification_run": cert_run, "decision": decision,
-                             "champion_before": current.version if current else None,
-                             "guardrails": {k: {"pass": ok, "reason": why} for k, (ok, why) in results.items()},
-                             "config": cfg.to_dict()}, "release.json")
-        # every result is on the version before the alias can move
-        REG.set_tags(mv.version, {**{f"guardrail.{k}": f"{'pass' if ok else 'fail'}: {why}"
-                                     for k, (ok, why) in results.items()},
-                                  "release.decision": decision, "release.run_id": run.info.run_id})
-        if passed:
-            REG.move_champion(mv.version)
+        evidence = recompute_certification(report, mv, cert_run)
+        echo(f"release version {mv.version}: certification {cert_run} {evidence}")
+        with ReleaseLock(REG.REGISTERED_MODEL, run.info.run_id, wait_seconds=lock_wait) as lock:
+            current = REG.champion_version()
+            is_champion = current is not None and current.version == mv.version
+            champion_report = None if current is None or is_champion else REG.champion_certification(current)
+            results = G.evaluate(report, cfg, champion_report)
+            if is_champion:
+                results["beats_champion"] = (True, "already the champion")
+            passed = all(ok for ok, _ in results.values())
+            decision = "promoted" if passed else "refused"
+            before = current.version if current else None
+            T.log_metrics({f"guardrail/{k}": float(ok) for k, (ok, _) in results.items()} | {"promoted": float(passed)})
+            T.log_text(release_markdown(mv.version, results, decision, before), "release.md")
+            T.log_json_artifact({"model_version": mv.version, "certification_run": cert_run, "evidence": evidence,
+                                 "decision": decision, "champion_before": before,
+                                 "guardrails": {k: {"pass": ok, "reason": why} for k, (ok, why) in results.items()},
+                                 "config": cfg.to_dict()}, "release.json")
+            lock.check()
+            # every result is on the version before the alias can move
+            REG.set_tags(mv.version, {**{f"guardrail.{k}": f"{'pass' if ok else 'fail'}: {why}"
+                                         for k, (ok, why) in results.items()},
+                                      "release.decision": "promoting" if passed else "refused",
+                                      "release.run_id": run.info.run_id, "release.evidence": evidence,
+                                      "release.certification_run_id": cert_run,
+                                      "release.certification_sha256": mv.tags.get("certification.sha256", "")})
+            if passed:
+                REG.move_champion(mv.version)
+                REG.set_tags(mv.version, {"release.decision": "promoted", "release.previous_champion": before or "none",
+                                          "release.promoted_at": f"{time.time():.3f}"})
         failed = [k for k, (ok, _) in results.items() if not ok]
         echo(f"release version {mv.version}: {decision}" + (f" (failed: {', '.join(failed)})" if failed else
                                                             " -> models:/rlhf-policy@champion"))
     return {"run_id": run.info.run_id, "decision": decision, "guardrails": results, "certification_run": cert_run}
+
+
+COMPARED = ("certifiable", "estimate", "lo", "hi", "gain", "gain_lo", "gain_hi", "ess", "kl")
+TOLERANCE = 1e-3  # float summation order differs between thread counts; a doctored number is far off
+
+
+def recompute_certification(report: dict, version, run_id: str) -> str:
+    """Recompute the certification from the inputs it names and compare it with the report; raise
+    InputError on a mismatch. Returns "recomputed", or why it could not be (its inputs are not on this
+    machine, or differ from those it hashed), which release then records beside its decision."""
+    inputs, hashes = report.get("inputs", {}), report.get("input_sha256", {})
+    absent = [k for k, path in inputs.items() if path and k != "policy"
+              and (not os.path.exists(path) or hashes.get(k) != content_sha256(path))]
+    if absent or not inputs.get("reference") or not inputs.get("gold"):
+        return "checked (provenance only: not recomputed, inputs not on this machine as certified: " + \
+            ", ".join(absent or ["reference/gold"]) + ")"
+    policy_dir, _ = REG.download_policy(version.version)
+    fresh = C.certify(policy_dir, inputs["reference"], inputs["gold"], rm_dir=inputs.get("rm_dir"),
+                      correction=inputs.get("correction"), pilot_prompts=inputs.get("pilot_prompts"),
+                      cfg=C.CertifyConfig(**report.get("config", {})), shortcuts=report.get("shortcut_rules") or [])
+    groups = [(f, report["families"].get(f, {}), row) for f, row in fresh["families"].items()]
+    groups.append(("balanced", report["balanced"], fresh["balanced"]))
+    for group, claimed, got in groups:
+        for key in COMPARED + tuple(f"shortcut{i}.{k}" for i in range(len(got.get("shortcuts", [])))
+                                    for k in ("policy_count", "reference_count")):
+            a, b = _field(claimed, key), _field(got, key)
+            same = a == b if isinstance(b, bool) or b is None or a is None else abs(float(a) - float(b)) <= TOLERANCE
+            if not same:
+                raise InputError(f"certification run {run_id} refused for version {version.version}: recomputed from "
+                                 f"its inputs, {group} {key} is {b}, the report says {a}")
+    return "recomputed"
+
+
+def _field(row: dict, key: str):
+    if not key.startswith("shortcut"):
+        return row.get(key)
+    i, k = key[len("shortcut"):].split(".")
+    items = row.get("shortcuts") or []
+    return items[int(i)].get(k) if int(i) < len(items) else None
 
 
 def run_grade(version: str, world: str, n: int = 4, echo: Callable[[str], None] = print) -> dict:

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 
 import pytest
 import torch
@@ -30,3 +32,17 @@ def tracking_uri(tmp_path, monkeypatch) -> str:
     yield uri
     while mlflow.active_run():
         mlflow.end_run()
+
+
+@pytest.fixture(scope="session")
+def pg_server():
+    """PostgreSQL + `mlflow server --workers 1` on free loopback ports, under a fresh directory."""
+    from rlhf_mlflow.server import ServerConfig, TrackingServer
+    # as root, PostgreSQL runs as the `postgres` user, which must be able to reach its data directory
+    root = tempfile.mkdtemp(prefix="rlhf-server-")
+    os.chmod(root, 0o755)
+    server = TrackingServer(ServerConfig(root=os.path.join(root, "server"), port=0))
+    server.start()
+    yield server
+    server.stop()
+    shutil.rmtree(root, ignore_errors=True)

@@ -88,6 +88,6 @@ def test_release_moves_the_champion_only_on_all_pass(tiny_world, tmp_path):
 
     # a certification of another version is refused, whoever passes it
     res = _run("release", "--model-version", uncertified, "--certification-run", cert_good, "--guardrails", LENIENT)
-    assert res.exit_code == 1 and f"not {REGISTERED_MODEL} version {uncertified}" in res.output
+    assert res.exit_code == 1 and f"refused for {REGISTERED_MODEL} version {uncertified}: the certify run was for version" in res.output
     assert _champion().version == good
     _assert_champion_all_pass()

@@ -4,32 +4,16 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 
 import mlflow
 import pytest
 from click.testing import CliRunner
 
 from rlhf_mlflow.cli import cli
-from rlhf_mlflow.server import ServerConfig, TrackingServer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-@pytest.fixture(scope="module")
-def pg_server():
-    """PostgreSQL + `mlflow server --workers 1` on free loopback ports, under a fresh directory."""
-    # as root, PostgreSQL runs as the `postgres` user, which must be able to reach its data directory
-    root = tempfile.mkdtemp(prefix="rlhf-server-")
-    os.chmod(root, 0o755)
-    server = TrackingServer(ServerConfig(root=os.path.join(root, "server"), port=0))
-    server.start()
-    yield server
-    server.stop()
-    shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture

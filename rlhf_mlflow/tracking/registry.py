@@ -2,12 +2,17 @@
 version, guardrail results as version tags, and the `champion` alias.
 
 Tags on a version of `rlhf-policy`:
-  certification.run_id   the certify run whose `certification.json` covers exactly this version
-  guardrail.<name>       "pass: <reason>" or "fail: <reason>", written by release
-  release.decision       "promoted" or "refused"; release.run_id the release run
+  certification.run_id     the certify run whose `certification.json` covers exactly this version
+  certification.sha256     sha256 of that artifact's bytes, as the certify run logged it
+  certification.balanced   its certified balanced estimate ("refused" when it gave none)
+  guardrail.<name>         "pass: <reason>" or "fail: <reason>", written by release
+  release.decision         "refused", "promoting" (moving the alias) or "promoted"; release.run_id the
+                           release run; release.certification_run_id / _sha256 the evidence it used;
+                           release.previous_champion the version it replaced
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import tempfile
 
@@ -43,30 +48,118 @@ def champion_version(name: str = REGISTERED_MODEL):
         return None
 
 
-def load_certification(run_id: str) -> dict:
-    """The certification report a certify run logged."""
+def load_certification(run_id: str) -> tuple[dict, str]:
+    """The certification report a certify run logged, and the sha256 of its bytes."""
     try:
         with tempfile.TemporaryDirectory() as d:
             path = mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path=CERT_ARTIFACT, dst_path=d)
-            with open(path) as f:
-                return json.load(f)
-    except mlflow.exceptions.MlflowException as e:
+            with open(path, "rb") as f:
+                raw = f.read()
+    except (mlflow.exceptions.MlflowException, OSError) as e:
         raise InputError(f"run {run_id}: no {CERT_ARTIFACT} artifact ({str(e).splitlines()[0]})") from None
+    try:
+        return json.loads(raw), hashlib.sha256(raw).hexdigest()
+    except ValueError:
+        raise InputError(f"run {run_id}: {CERT_ARTIFACT} is not valid JSON") from None
 
 
 def certification_for(version, run_id: str | None = None, name: str = REGISTERED_MODEL) -> tuple[str, dict]:
-    """(certify run id, report) certifying exactly `version`: from `run_id` when given, else the
-    version's `certification.run_id` tag. Refuses a missing certification or one of another version."""
+    """(certify run id, report) certifying exactly `version`, from `run_id` when given, else the
+    version's `certification.run_id` tag, after every provenance check (see verify_certification)."""
     run_id = run_id or version.tags.get("certification.run_id")
     if not run_id:
         raise InputError(f"{name} version {version.version} has no certification: run "
                          f"`rlhf-mlflow certify --model-version {version.version}` first")
-    report = load_certification(run_id)
+    report, sha = load_certification(run_id)
+    problem = verify_certification(version, run_id, report, sha, name)
+    if problem:
+        raise InputError(f"certification run {run_id} refused for {name} version {version.version}: {problem}")
+    return run_id, report
+
+
+def champion_certification(champion, name: str = REGISTERED_MODEL) -> dict:
+    """The report the champion was promoted on (the run and sha256 release recorded then: a later
+    change of its `certification.run_id` tag does not change what it is compared by)."""
+    run_id = champion.tags.get("release.certification_run_id") or champion.tags.get("certification.run_id")
+    if not run_id:
+        raise InputError(f"the champion, {name} version {champion.version}, has no certification on record")
+    report, sha = load_certification(run_id)
+    pinned = champion.tags.get("release.certification_sha256")
+    if pinned and pinned != sha:
+        raise InputError(f"the champion's certification ({run_id}) changed after it was promoted "
+                         f"(sha256 {sha[:12]} vs {pinned[:12]} at promotion): fix the store before releasing")
+    problem = verify_certification(champion, run_id, report, sha, name, check_tags=not pinned)
+    if problem:
+        raise InputError(f"the champion's certification run {run_id} fails its checks: {problem}")
+    return report
+
+
+def verify_certification(version, run_id: str, report: dict, sha: str, name: str = REGISTERED_MODEL,
+                         check_tags: bool = True) -> str | None:
+    """The first provenance check the certification fails, in words, or None. It must come from a
+    FINISHED certify run, in the version's experiment or linked to its LoggedModel, whose parameters
+    and report name exactly this version (and LoggedModel), whose logged metrics equal the report's
+    numbers, and (with `check_tags`) whose artifact and balanced estimate match the version's tags."""
+    try:
+        run = client().get_run(run_id)
+    except mlflow.exceptions.MlflowException:
+        return "no such run"
+    if run.data.tags.get("rlhf.step") != "certify":
+        return f"it is not a certify run (rlhf.step = {run.data.tags.get('rlhf.step')!r})"
+    if run.info.status != "FINISHED":
+        return f"the certify run ended {run.info.status}, not FINISHED"
+    if run.data.params.get("model_version") != str(version.version):
+        return f"the certify run was for version {run.data.params.get('model_version')!r}"
     subject = report.get("subject", {})
     if subject.get("registered_model") != name or str(subject.get("model_version")) != str(version.version):
-        raise InputError(f"certification run {run_id} certifies {subject.get('registered_model')} version "
-                         f"{subject.get('model_version')}, not {name} version {version.version}")
-    return run_id, report
+        return (f"its report certifies {subject.get('registered_model')} version {subject.get('model_version')}, "
+                f"not {name} version {version.version}")
+    model_id = getattr(version, "model_id", None)
+    if model_id and subject.get("model_id") != model_id:
+        return f"its report names LoggedModel {subject.get('model_id')}, not the version's {model_id}"
+    if not _same_lineage(run, version, model_id):
+        return "it is neither in the version's experiment nor linked to the version's LoggedModel"
+    mismatch = _metric_mismatch(run.data.metrics, report)
+    if mismatch:
+        return f"the run's logged metrics disagree with its report ({mismatch})"
+    if check_tags:
+        tagged = version.tags.get("certification.sha256")
+        if tagged != sha:
+            return f"the artifact's sha256 {sha[:12]} is not the version's certification.sha256 {str(tagged)[:12]}"
+        if version.tags.get("certification.balanced") != balanced_tag(report):
+            return (f"the version's certification.balanced tag {version.tags.get('certification.balanced')!r} "
+                    f"disagrees with the report ({balanced_tag(report)})")
+    return None
+
+
+def balanced_tag(report: dict) -> str:
+    b = report["balanced"]
+    return f"{b['estimate']:.4f}" if b.get("certifiable") else "refused"
+
+
+def _same_lineage(run, version, model_id: str | None) -> bool:
+    try:
+        source = client().get_run(version.run_id)
+        if source.info.experiment_id == run.info.experiment_id:
+            return True
+    except mlflow.exceptions.MlflowException:
+        pass
+    if not model_id:
+        return False
+    model = client().get_logged_model(model_id)
+    return any(m.run_id == run.info.run_id for m in (model.metrics or []))
+
+
+def _metric_mismatch(metrics: dict, report: dict) -> str | None:
+    groups = {**report.get("families", {}), "balanced": report.get("balanced", {})}
+    for group, row in groups.items():
+        est = row.get("estimate")
+        logged = metrics.get(f"certified/{group}")
+        if est is None and logged is None:
+            continue
+        if est is None or logged is None or abs(float(est) - logged) > 1e-9:
+            return f"certified/{group}: logged {logged}, report {est}"
+    return None
 
 
 def set_tags(version: str | int, tags: dict, name: str = REGISTERED_MODEL) -> None:
@@ -76,7 +169,12 @@ def set_tags(version: str | int, tags: dict, name: str = REGISTERED_MODEL) -> No
 
 
 def move_champion(version: str | int, name: str = REGISTERED_MODEL) -> None:
+    """Point `champion` at the version and read it back (a writer that bypassed the release lock
+    would show here)."""
     client().set_registered_model_alias(name, CHAMPION, str(version))
+    now = champion_version(name)
+    if now is None or str(now.version) != str(version):
+        raise RuntimeError(f"champion alias reads {now.version if now else None} right after moving it to {version}")
 
 
 def download_policy(version: str | int, name: str = REGISTERED_MODEL) -> tuple[str, str]:

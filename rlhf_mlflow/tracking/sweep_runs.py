@@ -2,10 +2,10 @@
 
 A trial's child run is its train_rl run (params, per-family curves, checkpoints, a registered
 version of `rlhf-policy`), tagged with the sweep's parent run id; after training the same run gets
-the trial's dev evaluation (`dev_<metric>/<family>`), its certification (`certified/<family>`,
-`certified_lo/...`, `ess/...`, `certify_kl/...`, the report as `certification.json`) and every
-release guardrail (`guardrail/<name>` = 1 or 0, the reasons in tags). The version is tagged `certification.run_id`
-with that run, so `rlhf-mlflow release --model-version V` can act on the sweep's best trial as is.
+the trial's dev evaluation (`dev_<metric>/<family>`) and every release guardrail (`guardrail/<name>` = 1
+or 0, the reasons in tags); its certification is a certify run nested under it, which tags the
+version as `rlhf-mlflow certify` does, so `rlhf-mlflow release --model-version V` can act on the
+sweep's best trial as is.
 
 `run_trial` runs inside a Ray worker: everything it needs travels in a picklable TrialContext.
 """
@@ -81,18 +81,16 @@ def log_training_inputs(prompt_files: set[str]) -> None:
 
 def current_champion() -> dict | None:
     """The certification report of the version `champion` points at, if any."""
-    try:
-        from . import registry as REG
-    except ImportError:
-        return None
+    from . import registry as REG
     mv = REG.champion_version()
-    return None if mv is None else REG.certification_for(mv)[1]
+    return None if mv is None else REG.champion_certification(mv)
 
 
 def enter_worker(tracking_uri: str, experiment_name: str, threads: int) -> None:
     """Point this worker process (a Ray trial, a `main` trainer) at a store and experiment, never at a
     launcher's run (`mlflow run` exports MLFLOW_RUN_ID), with `threads` torch threads."""
-    from ..runtime import configure_threads
+    from ..runtime import configure_threads, handle_signals
+    handle_signals()
     os.environ.pop("MLFLOW_RUN_ID", None)
     os.environ.pop("MLFLOW_EXPERIMENT_ID", None)
     os.environ["MLFLOW_TRACKING_URI"] = tracking_uri
@@ -163,33 +161,23 @@ def evaluate_trial(policy_dir: str, cfg, ctx: TrialContext) -> dict[str, float]:
 
 def certify_trial(policy_dir: str, cfg, ctx: TrialContext, version: str | None
                   ) -> tuple[dict | None, dict[str, tuple[bool, str]]]:
-    """THE PLUG-IN POINT for certification: certify the trial's policy against the reference with the
-    world's expert set, evaluate every release guardrail, and log both to the active (trial) run under
-    the certify and release steps' names. Returns (report or None, {guardrail: (passed, reason)})."""
-    try:
-        from .. import certify as C
-        from .. import guardrails as G
-        from ..release_run import certification_metrics
-        from . import registry as REG
-    except ImportError as e:  # certification not installed: nothing can be ranked, and the table says so
-        log.warning("certification unavailable (%s): no trial can be ranked", e)
-        T.log_metrics({"guardrail/certified": 0.0})
-        return None, {"certified": (False, f"certification unavailable: {e}")}
+    """Certify the trial's policy (a certify run, child of the trial's run, that tags the version as
+    `rlhf-mlflow certify` does, so release can act on it), then evaluate every release guardrail on
+    the trial's run. Returns (report, {guardrail: (passed, reason)})."""
+    from .. import guardrails as G
+    from ..release_run import run_certify
     world = ctx.world_dir
-    report = C.certify(policy_dir, cfg.policy_ref, os.path.join(world, "data", "gold_calib.jsonl"),
-                       rm_dir=cfg.reward_model, correction=cfg.reward_wrapper, diagnostic=ctx.diagnostic,
-                       pilot_prompts=os.path.join(world, "data", "prompts_dev.jsonl"))
+    res = run_certify(version=version, policy=None if version else policy_dir, reference=cfg.policy_ref,
+                      gold=os.path.join(world, "data", "gold_calib.jsonl"), rm_dir=cfg.reward_model,
+                      correction=cfg.reward_wrapper, diagnostic=ctx.diagnostic,
+                      pilot_prompts=os.path.join(world, "data", "prompts_dev.jsonl"), echo=log.info,
+                      tags={"rlhf.sweep_run": ctx.parent_run_id})
+    report = res["report"]
     gates = G.evaluate(report, G.GuardrailConfig.from_dict(dict(ctx.guardrails)), ctx.champion)
-    if version:
-        report["subject"] = {"registered_model": REG.REGISTERED_MODEL, "model_version": str(version)}
-    # the trial run already holds train_rl's `kl/<family>` curves: certify's KL goes in beside them
-    metrics = {("certify_" + k if k.startswith("kl/") else k): v for k, v in certification_metrics(report).items()}
-    T.log_metrics({**metrics, **{f"guardrail/{k}": float(ok) for k, (ok, _) in gates.items()}})
-    T.log_json_artifact(report, REG.CERT_ARTIFACT)
+    T.log_metrics({f"guardrail/{k}": float(ok) for k, (ok, _) in gates.items()})
     T.log_json_artifact({k: {"pass": ok, "reason": why} for k, (ok, why) in gates.items()}, "guardrails.json")
-    mlflow.set_tags({f"guardrail.{k}": f"{'pass' if ok else 'fail'}: {why}"[:4900] for k, (ok, why) in gates.items()})
-    if version:  # release reads the certification this tag points at
-        REG.set_tags(version, {"certification.run_id": mlflow.active_run().info.run_id})
+    mlflow.set_tags({"rlhf.certification_run": res["run_id"],
+                     **{f"guardrail.{k}": f"{'pass' if ok else 'fail'}: {why}"[:4900] for k, (ok, why) in gates.items()}})
     return report, gates
 
 
