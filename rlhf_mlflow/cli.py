@@ -14,19 +14,25 @@ DEFAULT_WORLDS = "worlds"
 
 
 def _setup() -> None:
-    from .runtime import configure_threads
+    from .runtime import configure_threads, handle_signals
     configure_threads()
+    handle_signals()
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
 
 
 class Group(click.Group):
-    """Turns InputError into one clear error line (`Error: ...`, exit code 1)."""
+    """Turns InputError into one clear error line (`Error: ...`, exit code 1), and an interrupt
+    (Ctrl-C, SIGTERM) into one line and exit code 130; the step's run is already marked KILLED."""
 
     def invoke(self, ctx):
         try:
             return super().invoke(ctx)
         except InputError as e:
             raise click.ClickException(str(e)) from None
+        except KeyboardInterrupt:
+            click.echo("interrupted: the step's MLflow run is marked KILLED (a train-rl run continues with "
+                       "`rlhf-mlflow train-rl --resume RUN_ID`)", err=True)
+            ctx.exit(130)
 
 
 @click.group(cls=Group)
@@ -136,14 +142,25 @@ def _rl_config(ctx, world_dir, config_path, overrides, options):
 @click.option("--run-name", default=None, help="MLflow run name (default: kl<kl_coef>-s<steps>).")
 @click.option("--register/--no-register", default=True, show_default=True,
               help="Register the final policy as a new version of rlhf-policy.")
+@click.option("--resume", "resume_run", default=None, metavar="RUN_ID",
+              help="Continue this train_rl run that died, from its last checkpoint, in the same MLflow run.")
 @click.pass_context
-def train_rl_cmd(ctx, world, config_path, overrides, out, run_name, register, **options):
+def train_rl_cmd(ctx, world, config_path, overrides, out, run_name, register, resume_run, **options):
     """KL-regularised REINFORCE against a reward model, as an MLflow run."""
-    from .rl_run import run_train_rl
-    world_dir = _world_dir(world) if not config_path else world
-    cfg = _rl_config(ctx, world_dir, config_path, overrides, options)
-    summary = run_train_rl(cfg, world_dir=world_dir, out=out, run_name=run_name, register=register,
-                           echo=lambda m: click.echo(m, err=True))
+    from click.core import ParameterSource
+
+    from .rl_run import resume_train_rl, run_train_rl
+    echo = lambda m: click.echo(m, err=True)  # noqa: E731
+    if resume_run:
+        given = [n for n in ("world", "config_path", "overrides", "run_name", *options)
+                 if ctx.get_parameter_source(n) != ParameterSource.DEFAULT]
+        if given:
+            raise click.UsageError(f"--resume continues the run with its own config; drop {', '.join(given)}")
+        summary = resume_train_rl(resume_run, out=out, register=register, echo=echo)
+    else:
+        world_dir = _world_dir(world) if not config_path else world
+        cfg = _rl_config(ctx, world_dir, config_path, overrides, options)
+        summary = run_train_rl(cfg, world_dir=world_dir, out=out, run_name=run_name, register=register, echo=echo)
     click.echo(json.dumps(summary, indent=1))
 
 
@@ -255,8 +272,19 @@ def train_rm_cmd(data, out, epochs, lr, batch_size, lr_schedule, seed, gold):
 @click.option("--step", default="train_rl", show_default=True, help="Pipeline step (train_rl, dev_eval, ...).")
 @click.option("--metric", default="proxy/balanced", show_default=True, help="Sort by this metric.")
 @click.option("--tidy", is_flag=True, help="Print the tidy per-family frame instead of the leaderboard.")
-def runs_cmd(step, metric, tidy):
+@click.option("--repair", is_flag=True,
+              help="Instead: mark RUNNING runs whose process is gone FAILED, clear a stale release lock, "
+                   "settle cut-short releases.")
+@click.option("--dry-run", is_flag=True, help="With --repair: say what would be done, change nothing.")
+def runs_cmd(step, metric, tidy, repair, dry_run):
     """Print run history: a leaderboard (or the tidy per-family frame) from the tracking store."""
+    if repair:
+        from .tracking.repair import repair as repair_store
+        lines = repair_store(dry_run)
+        click.echo("\n".join(lines) if lines else "nothing to repair")
+        return
+    if dry_run:
+        raise click.UsageError("--dry-run goes with --repair")
     import pandas as pd
 
     from . import history

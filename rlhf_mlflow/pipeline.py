@@ -146,6 +146,9 @@ def train_all(jobs: list[TrainJob], world_dir: str, parent_run_id: str, echo: Ca
         except BaseException:
             for fut in futures:
                 fut.cancel()
+            # the running ones get SIGTERM: each worker's run ends KILLED (see runtime.handle_signals)
+            for proc in list((getattr(pool, "_processes", None) or {}).values()):
+                proc.terminate()
             raise
         finally:
             torch.set_num_threads(threads)

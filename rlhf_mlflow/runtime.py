@@ -1,4 +1,4 @@
-"""Process-level settings: torch thread count from the environment and malloc behaviour."""
+"""Process-level settings: torch thread count from the environment, malloc behaviour, signals."""
 from __future__ import annotations
 
 import ctypes
@@ -31,3 +31,17 @@ def retain_freed_memory() -> bool:
         return False
     M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
     return bool(mallopt(M_MMAP_THRESHOLD, 64 << 20)) and bool(mallopt(M_TRIM_THRESHOLD, 256 << 20))
+
+
+def handle_signals() -> None:
+    """SIGTERM (what `kill`, `timeout` and job schedulers send) raises KeyboardInterrupt, as Ctrl-C
+    does, so a step's MLflow run is marked KILLED with its metrics flushed instead of being left
+    RUNNING. Only from the main thread (signal handlers can be set nowhere else)."""
+    import signal
+    import threading
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _interrupt)
+
+
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")

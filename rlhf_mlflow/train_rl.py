@@ -28,6 +28,7 @@ from .config import check_range
 from .errors import InputError
 from .family_stats import FamilyAccumulator, family_of
 from .partner import Partner, available
+from .train_state import TrainState, capture, restore
 
 log = logging.getLogger(__name__)
 PATH_KEYS = ("policy_init", "policy_ref", "reward_model", "prompt_file", "reward_wrapper")
@@ -224,22 +225,36 @@ class Learner:
         return stats, responses, float(loss.detach()), grad_norm
 
 
-def _report(step: int, n: int, seconds: float, acc: FamilyAccumulator, scalars: dict[str, float]
-            ) -> dict[str, float]:
-    """Metrics of the last n steps: per-family means, mean scalars, steps per second."""
+def _report(step: int, n: int, steps_run: int, seconds: float, acc: FamilyAccumulator,
+            scalars: dict[str, float]) -> dict[str, float]:
+    """Metrics of the last n steps: per-family means, mean scalars, steps per second (over the
+    `steps_run` of them this process ran: fewer right after a resume)."""
     metrics = acc.report()
     metrics.update({k: v / n for k, v in scalars.items()})
-    metrics["steps_per_s"] = n / max(seconds, 1e-9)
+    metrics["steps_per_s"] = steps_run / max(seconds, 1e-9)
     if not all(math.isfinite(v) for v in metrics.values()):
         raise FloatingPointError(f"non-finite metrics at step {step}: the run diverged (try a lower lr)")
     return metrics
 
 
+@dataclass(frozen=True)
+class Resume:
+    """Where a resumed run starts: a checkpoint's policy directory and its training state."""
+    policy_dir: str
+    state: TrainState
+
+
+OnCheckpoint = Callable[[int, M.Policy, TrainState], None]
+
+
 def train_rl(cfg: RLConfig, on_log: Callable[[int, dict], None] | None = None,
-             on_checkpoint: Callable[[int, M.Policy], None] | None = None,
-             wrapper: RewardWrapper | None = None, timings: dict | None = None) -> RLResult:
+             on_checkpoint: OnCheckpoint | None = None,
+             wrapper: RewardWrapper | None = None, timings: dict | None = None,
+             resume: Resume | None = None) -> RLResult:
     """Run the RL loop on a resolved config (absolute paths). Returns the trained policy and history.
 
+    `on_checkpoint(step, policy, state)` is called every `save_every` steps with what a later `resume`
+    needs; resumed from such a checkpoint, the run continues as if it had never stopped.
     `timings`, when given, accumulates seconds spent sampling, scoring (reward, log-probs, KL) and in
     backward + optimiser step.
     """
@@ -248,11 +263,16 @@ def train_rl(cfg: RLConfig, on_log: Callable[[int, dict], None] | None = None,
         clock.setdefault(k, 0.0)
     torch.manual_seed(cfg.seed)
     rng = torch.Generator().manual_seed(cfg.seed + 1)
-    policy, pcfg = M.load_policy(cfg.policy_init or cfg.policy_ref)
+    policy, pcfg = M.load_policy(resume.policy_dir if resume else (cfg.policy_init or cfg.policy_ref))
     sampler = D.PromptSampler(D.read_jsonl(cfg.prompt_file), cfg.family_weights)
     opt = torch.optim.Adam(policy.parameters(), lr=cfg.lr, fused=True)
     acc, scalars, result = FamilyAccumulator(METRICS), {"loss": 0.0, "grad_norm": 0.0}, RLResult(policy, pcfg)
+    start = 0
+    if resume is not None:
+        scalars, result.history = restore(resume.state, opt, rng, acc)
+        start = resume.state.step
     t_start = t_window = time.perf_counter()
+    window_from = start
     frozen, wrap = Frozen.load(cfg), wrapper or load_wrapper(cfg.reward_wrapper)
     # with two cores, a partner process samples half of each batch and runs the reward model
     with contextlib.ExitStack() as stack:
@@ -261,7 +281,7 @@ def train_rl(cfg: RLConfig, on_log: Callable[[int, dict], None] | None = None,
             partner = stack.enter_context(Partner(policy, frozen.rm, frozen.rm_table, cfg.batch_prompts,
                                                   cfg.samples_per_prompt, cfg.temperature))
         learner = Learner(cfg, policy, frozen, opt, rng, wrap, partner)
-        for step in range(1, cfg.steps + 1):
+        for step in range(start + 1, cfg.steps + 1):
             records, prompts = sampler.sample(cfg.batch_prompts, rng)
             stats, responses, loss, grad_norm = learner.step(records, prompts, clock)
             acc.add(family_of(prompts).repeat_interleave(cfg.samples_per_prompt), stats, responses)
@@ -269,14 +289,15 @@ def train_rl(cfg: RLConfig, on_log: Callable[[int, dict], None] | None = None,
             scalars["grad_norm"] += grad_norm
             if step % cfg.log_every == 0 or step == cfg.steps:
                 n = cfg.log_every if step % cfg.log_every == 0 else step % cfg.log_every
-                result.history.append((step, _report(step, n, time.perf_counter() - t_window, acc, scalars)))
+                seconds = time.perf_counter() - t_window
+                result.history.append((step, _report(step, n, step - window_from, seconds, acc, scalars)))
                 if on_log is not None:
                     on_log(*result.history[-1])
                 acc.reset()
                 scalars = dict.fromkeys(scalars, 0.0)
-                t_window = time.perf_counter()
+                t_window, window_from = time.perf_counter(), step
             if cfg.save_every and step % cfg.save_every == 0 and step != cfg.steps and on_checkpoint is not None:
-                on_checkpoint(step, policy)
+                on_checkpoint(step, policy, capture(step, opt, rng, acc, scalars, result.history))
     policy.eval()
     result.seconds = time.perf_counter() - t_start
     return result

@@ -4,6 +4,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import socket
 import tempfile
 import time
 import warnings
@@ -11,6 +12,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import mlflow
+
+from ..errors import InputError
 
 # A progress bar per tiny artifact download and a warning per logged dataset input drown the steps'
 # own output (main downloads dozens); a user's own setting wins.
@@ -36,21 +39,62 @@ def _ensure_experiment() -> None:
 @contextmanager
 def tracked_run(step: str, params: dict | None = None, tags: dict | None = None,
                 description: str | None = None, run_name: str | None = None,
-                nested: bool = False) -> Iterator[mlflow.ActiveRun]:
-    """An MLflow run for one pipeline step; marked FAILED (and re-raised) if the body raises. Inside
-    another step's run (the `main` pipeline) it is a child run."""
+                nested: bool = False, run_id: str | None = None) -> Iterator[mlflow.ActiveRun]:
+    """An MLflow run for one pipeline step; marked KILLED on an interrupt (Ctrl-C, or SIGTERM once
+    runtime.handle_signals is on), FAILED on any other error (and re-raised). Inside another step's
+    run (the `main` pipeline) it is a child run. `run_id` re-opens an existing run (a resume).
+    The run is tagged with this process (host, pid, start time) so that `rlhf-mlflow runs --repair`
+    can tell a run whose process is gone from one still going."""
     _ensure_experiment()
     nested = nested or mlflow.active_run() is not None
-    run = mlflow.start_run(run_name=run_name, description=description, nested=nested,
-                           tags={"rlhf.step": step, **(tags or {})})
+    all_tags = {"rlhf.step": step, **(tags or {}), **process_tags()}
+    if run_id:
+        run = mlflow.start_run(run_id=run_id, nested=nested)
+        set_tags(all_tags)
+    else:
+        run = mlflow.start_run(run_name=run_name, description=description, nested=nested, tags=all_tags)
     try:
         if params:
             log_params(params)
         yield run
-    except BaseException:
-        mlflow.end_run(status="FAILED")
+    except KeyboardInterrupt:
+        _end("KILLED")
         raise
-    mlflow.end_run(status="FINISHED")
+    except BaseException:
+        _end("FAILED")
+        raise
+    _end("FINISHED")
+
+
+def _end(status: str) -> None:
+    """End the active run once every queued metric point is stored."""
+    try:
+        mlflow.flush_async_logging()
+    finally:
+        mlflow.end_run(status=status)
+
+
+def process_tags() -> dict[str, str]:
+    """This process, as tags: host, pid and the pid's start time (pids are reused)."""
+    return {"rlhf.host": socket.gethostname(), "rlhf.pid": str(os.getpid()),
+            "rlhf.pid_start": str(pid_start(os.getpid()))}
+
+
+def pid_start(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot (Linux /proc), or None where unknown."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def process_state(tags: dict) -> str:
+    """'alive', 'gone' or 'unknown' (another host, or no process tags) for a run's process tags."""
+    if tags.get("rlhf.host") != socket.gethostname() or not tags.get("rlhf.pid", "").isdigit():
+        return "unknown"
+    start = pid_start(int(tags["rlhf.pid"]))
+    return "alive" if start is not None and str(start) == tags.get("rlhf.pid_start") else "gone"
 
 
 def log_params(params: dict) -> None:
@@ -75,27 +119,40 @@ class MetricLogger:
     """An `on_log(step, metrics)` callback that buffers metric points and hands them to MLflow's
     asynchronous logger in one batch at most every `flush_seconds` (and on `flush()`), so the
     training loop neither waits on the store (~20 ms a synchronous call on sqlite) nor pays a
-    store round trip per report."""
+    store round trip per report. `stored` ({key: last step already in the store}) drops points a
+    resumed run would log a second time."""
 
-    def __init__(self, prefix: str = "", flush_seconds: float = 10.0):
+    def __init__(self, prefix: str = "", flush_seconds: float = 10.0, stored: dict[str, int] | None = None):
         self.prefix = prefix
         self.flush_seconds = flush_seconds
+        self.stored = stored or {}
         self._last = time.monotonic()
         self._buffer: list = []
 
     def __call__(self, step: int, metrics: dict) -> None:
         from mlflow.entities import Metric
         ts = int(1000 * time.time())
-        self._buffer += [Metric(self.prefix + k, float(v), ts, step) for k, v in metrics.items()]
+        self._buffer += [Metric(self.prefix + k, float(v), ts, step) for k, v in metrics.items()
+                         if step > self.stored.get(self.prefix + k, -1)]
         if time.monotonic() - self._last >= self.flush_seconds:
             self.flush()
 
-    def flush(self) -> None:
+    def flush(self, synchronous: bool = False) -> None:
+        """Hand the buffer to MLflow; `synchronous` waits until every point so far is stored."""
         if self._buffer:
             run = mlflow.active_run()
             mlflow.MlflowClient().log_batch(run.info.run_id, metrics=self._buffer, synchronous=False)
             self._buffer = []
+        if synchronous:
+            mlflow.flush_async_logging()
         self._last = time.monotonic()
+
+
+def stored_steps(run_id: str) -> dict[str, int]:
+    """{metric key: the last step stored} for a run (what a resumed run must not log again)."""
+    client = mlflow.MlflowClient()
+    keys = client.get_run(run_id).data.metrics
+    return {k: max(m.step for m in client.get_metric_history(run_id, k)) for k in keys}
 
 
 def set_tags(tags: dict) -> None:
@@ -119,12 +176,15 @@ def log_jsonl_input(path: str, context: str) -> None:
     mlflow.log_input(ds, context=context)
 
 
-def log_json_artifact(obj, name: str, artifact_path: str | None = None) -> None:
+def log_json_artifact(obj, name: str, artifact_path: str | None = None) -> str:
+    """Log `obj` as a JSON artifact; returns the sha256 of the bytes logged."""
+    raw = json.dumps(obj, indent=1).encode()
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, name)
-        with open(path, "w") as f:
-            json.dump(obj, f, indent=1)
+        with open(path, "wb") as f:
+            f.write(raw)
         mlflow.log_artifact(path, artifact_path)
+    return hashlib.sha256(raw).hexdigest()
 
 
 def log_artifact(path: str, artifact_path: str | None = None) -> None:
@@ -142,6 +202,35 @@ def log_figure(fig, name: str) -> None:
 
 def log_text(text: str, name: str) -> None:
     mlflow.log_text(text, name)
+
+
+def get_run(run_id: str):
+    """The run, or InputError when the store has no such run."""
+    try:
+        return mlflow.MlflowClient().get_run(run_id)
+    except mlflow.exceptions.MlflowException:
+        raise InputError(f"run {run_id} does not exist in {mlflow.get_tracking_uri()}") from None
+
+
+def use_experiment_of(run) -> None:
+    """Make the run's own experiment the active one (to re-open the run, whatever the environment says)."""
+    mlflow.set_experiment(experiment_id=run.info.experiment_id)
+
+
+def list_artifact_names(run_id: str, path: str) -> list[str]:
+    """Base names of the artifacts directly under `path` of a run ([] when there are none)."""
+    try:
+        return [os.path.basename(a.path) for a in mlflow.MlflowClient().list_artifacts(run_id, path)]
+    except mlflow.exceptions.MlflowException:
+        return []
+
+
+def download_artifact(run_id: str, path: str, dst: str) -> str | None:
+    """A run's artifact (file or directory) downloaded under dst; None when the run has no such artifact."""
+    try:
+        return mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path=path, dst_path=dst)
+    except (mlflow.exceptions.MlflowException, OSError):
+        return None
 
 
 def search_runs(filter_string: str = "", experiment_names: list[str] | None = None):

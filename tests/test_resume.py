@@ -1,0 +1,141 @@
+"""A train_rl run survives its process: SIGTERM ends it KILLED with every metric point stored; after
+SIGKILL, `train-rl --resume RUN_ID` finishes the same run from its last checkpoint, each metric with
+exactly one point per step, and the final policy equals an uninterrupted run's (one thread)."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import mlflow
+import pytest
+import torch
+from click.testing import CliRunner
+
+from rlhf_mlflow import model as M
+from rlhf_mlflow.cli import cli
+from rlhf_mlflow.tracking import runs as T
+
+RLHF_MLFLOW = os.path.join(os.path.dirname(sys.executable), "rlhf-mlflow")
+STEPS, SAVE_EVERY = 120, 30
+
+
+def _train(world: str, out, uri: str, *extra: str) -> subprocess.Popen:
+    env = {**os.environ, "MLFLOW_TRACKING_URI": uri, "RLHF_THREADS": "1"}
+    args = [RLHF_MLFLOW, "train-rl", "--world", world, "--steps", str(STEPS), "--log-every", "1",
+            "--save-every", str(SAVE_EVERY), "--batch-prompts", "8", "--samples-per-prompt", "4", "--no-register",
+            "--out", str(out), *extra]
+    return subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _wait_for(path, proc: subprocess.Popen, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while not os.path.isdir(path):
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, f"no {path} after {timeout} s"
+        time.sleep(0.02)
+
+
+def _only_run():
+    (run,) = mlflow.search_runs(search_all_experiments=True, filter_string="tags.`rlhf.step` = 'train_rl'",
+                                output_format="list")
+    return run
+
+
+def _history_steps(run_id: str, key: str) -> list[int]:
+    return sorted(m.step for m in mlflow.MlflowClient().get_metric_history(run_id, key))
+
+
+def test_sigterm_marks_the_run_killed_and_keeps_every_metric_point(tiny_world, tmp_path, tracking_uri):
+    proc = _train(tiny_world, tmp_path / "out", tracking_uri)
+    _wait_for(tmp_path / "out" / f"step_{SAVE_EVERY}", proc)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert "interrupted" in err and "Traceback" not in err
+    run = _only_run()
+    assert run.info.status == "KILLED" and run.info.end_time
+    steps = _history_steps(run.info.run_id, "proxy/balanced")
+    # contiguous from step 1: the points buffered when the signal came were flushed, none lost
+    assert steps == list(range(1, len(steps) + 1)) and len(steps) >= SAVE_EVERY
+
+
+def test_sigkill_then_resume_finishes_the_same_run_as_if_uninterrupted(tiny_world, tmp_path, tracking_uri):
+    straight = _train(tiny_world, tmp_path / "straight", tracking_uri, "--run-name", "straight")
+    assert straight.wait(600) == 0, straight.communicate()
+    killed = _train(tiny_world, tmp_path / "killed", tracking_uri, "--run-name", "killed")
+    # once the second checkpoint is on disk, the first is in the run's artifacts
+    _wait_for(tmp_path / "killed" / f"step_{2 * SAVE_EVERY}", killed)
+    killed.send_signal(signal.SIGKILL)
+    killed.wait(60)
+    (run,) = mlflow.search_runs(search_all_experiments=True, filter_string="attributes.run_name = 'killed'",
+                                output_format="list")
+    assert run.info.status == "RUNNING"  # nobody could mark it: the process had no chance
+    resumed = subprocess.run([RLHF_MLFLOW, "train-rl", "--resume", run.info.run_id, "--no-register",
+                              "--out", str(tmp_path / "resumed")], capture_output=True, text=True,
+                             env={**os.environ, "MLFLOW_TRACKING_URI": tracking_uri, "RLHF_THREADS": "1"})
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"resuming run {run.info.run_id} at step" in resumed.stderr
+    run = mlflow.get_run(run.info.run_id)
+    assert run.info.status == "FINISHED" and int(run.data.tags["rlhf.resumed_from_step"]) >= SAVE_EVERY
+    for key in ("proxy/balanced", "kl/balanced", "loss", "entropy/balanced"):
+        assert _history_steps(run.info.run_id, key) == list(range(1, STEPS + 1)), key
+    # a family's curve has a point at the steps that drew it: the same steps and values as the straight run
+    (first,) = mlflow.search_runs(search_all_experiments=True, filter_string="attributes.run_name = 'straight'",
+                                  output_format="list")
+    for key in ("kl/dune", "proxy/ember"):
+        ours, theirs = (sorted((m.step, m.value) for m in mlflow.MlflowClient().get_metric_history(r, key))
+                        for r in (run.info.run_id, first.info.run_id))
+        assert [s for s, _ in ours] == [s for s, _ in theirs], key
+        assert all(abs(a - b) < 1e-4 for (_, a), (_, b) in zip(ours, theirs)), key
+    a = M.load_policy(str(tmp_path / "straight"))[0].state_dict()
+    b = M.load_policy(str(tmp_path / "resumed"))[0].state_dict()
+    assert all(torch.allclose(a[k], b[k], atol=1e-5) for k in a), max((a[k] - b[k]).abs().max() for k in a)
+
+
+def _resume(run_id: str, *extra):
+    return CliRunner().invoke(cli, ["train-rl", "--resume", run_id, *extra])
+
+
+def test_runs_that_cannot_resume_say_why(tiny_world, tmp_path):
+    res = CliRunner().invoke(cli, ["train-rl", "--world", tiny_world, "--steps", "2", "--batch-prompts", "4",
+                                   "--samples-per-prompt", "2", "--no-register"])
+    assert res.exit_code == 0, res.output
+    done = _only_run().info.run_id
+    res = _resume(done)
+    assert res.exit_code == 1 and "already FINISHED: nothing to resume" in res.output
+    res = _resume(done, "--kl-coef", "0.5")
+    assert res.exit_code == 2 and "--resume continues the run with its own config; drop kl_coef" in res.output
+    res = _resume("0" * 32)
+    assert res.exit_code == 1 and "does not exist" in res.output
+    with T.tracked_run("certify") as other:
+        pass
+    res = _resume(other.info.run_id)
+    assert res.exit_code == 1 and "is a 'certify' run; only train_rl runs resume" in res.output
+    with T.tracked_run("train_rl") as alive:  # RUNNING, and this very process is its process
+        res = _resume(alive.info.run_id)
+    assert res.exit_code == 1 and "is still running (pid" in res.output
+
+
+@pytest.mark.parametrize("phase", ["missing", "changed"])
+def test_resume_refuses_inputs_that_moved(tiny_world, tmp_path, phase):
+    import shutil
+    world = tmp_path / "w"
+    shutil.copytree(tiny_world, world)
+    with T.tracked_run("train_rl") as run:  # a run that died before saving anything, with its config
+        from rlhf_mlflow.rl_config_io import load_rl_config
+        from rlhf_mlflow.rl_run import CONFIG_ARTIFACT, input_hashes
+        from dataclasses import asdict
+        cfg = load_rl_config(str(world / "configs" / "default.json"), ["steps=2"])
+        T.log_params(input_hashes(cfg))
+        T.log_json_artifact(asdict(cfg), CONFIG_ARTIFACT)
+    mlflow.MlflowClient().set_terminated(run.info.run_id, "FAILED")
+    if phase == "missing":
+        os.remove(world / "data" / "prompts_train.jsonl")
+    else:
+        with open(world / "data" / "prompts_train.jsonl", "a") as f:
+            f.write('{"id": "extra", "family": "dune", "attrs": [0, 0, 0, 0]}\n')
+    res = _resume(run.info.run_id)
+    assert res.exit_code == 1 and "cannot be resumed" in res.output and "prompt_file" in res.output, res.output
