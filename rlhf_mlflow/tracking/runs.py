@@ -119,6 +119,24 @@ def log_jsonl_input(path: str, context: str) -> None:
     mlflow.log_input(ds, context=context)
 
 
+def log_records_input(records: list[dict], path: str, context: str) -> None:
+    """Record the validated records the run read from a JSONL file (data.read_jsonl) as an MLflow
+    dataset input (name, digest, source); the file itself is not parsed again."""
+    import pandas as pd
+    ds = mlflow.data.from_pandas(pd.DataFrame.from_records(records), source=os.path.abspath(path),
+                                 name=os.path.basename(path))
+    mlflow.log_input(ds, context=context)
+
+
+def log_bytes(data: bytes, name: str, artifact_path: str | None = None) -> None:
+    """Log exactly these bytes as the artifact `name` (e.g. the wrapper source a run executed)."""
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, name)
+        with open(path, "wb") as f:
+            f.write(data)
+        mlflow.log_artifact(path, artifact_path)
+
+
 def log_json_artifact(obj, name: str, artifact_path: str | None = None) -> None:
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, name)
