@@ -9,7 +9,6 @@ built with pandas from the runs and registry versions it made.
 """
 from __future__ import annotations
 
-import json
 import os
 import time
 from collections.abc import Callable
@@ -17,6 +16,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
+from .files import atomic_write_json, check_writable
 from .recipes import CORRECTED, SEED_HISTORY
 from .reports import markdown_table
 from .tracking import registry as REG
@@ -36,15 +36,14 @@ def run_main(world_dir: str, out_dir: str, steps_scale: float = 1.0, ceiling: bo
     from .release_run import run_certify, run_grade, run_release
     from .steps import run_correction, run_dev_eval, run_diagnostic_step
     j = lambda *p: os.path.join(world_dir, *p)  # noqa: E731
-    os.makedirs(out_dir, exist_ok=True)
+    os.makedirs(check_writable(out_dir, "--out", directory=True), exist_ok=True)
     t0 = time.perf_counter()
     with T.tracked_run("main", {"world": os.path.abspath(world_dir), "steps_scale": steps_scale},
                        run_name="main") as parent:
         echo("diagnostic: auditing the reward model without expert labels")
         diag = run_diagnostic_step(j("reward_model"), j("policy"), j("data", "prompts_train.jsonl"))
         diag_path = os.path.join(out_dir, "diagnostic.json")
-        with open(diag_path, "w") as f:
-            json.dump(diag, f, indent=1)
+        atomic_write_json(diag_path, diag)
         flagged = [f for f, r in diag["families"].items() if r["flag"]]
         echo(f"  flagged: {', '.join(flagged) or 'none'}")
         wrapper = os.path.abspath(os.path.join(out_dir, "correction.py"))
