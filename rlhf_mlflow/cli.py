@@ -142,18 +142,25 @@ def _rl_config(ctx, world_dir, config_path, overrides, options):
 @click.option("--config", "config_path", default=None, help="JSON recipe (default: <world>/configs/default.json).")
 @click.option("--override", "overrides", multiple=True, help="key=value, repeatable; value parsed as JSON.")
 @_rl_options
-@click.option("--out", default=None, help="Also write the checkpoint, run_config.json and log.jsonl here.")
+@click.option("--out", default=None, help="Also write the checkpoint, run_config.json and log.jsonl here "
+              "(an empty directory, or one this run's marker .rlhf_run.json claims).")
+@click.option("--overwrite", type=click.BOOL, is_flag=False, flag_value=True, default=False, show_default=True,
+              help="Delete what --out holds first (another run's files); `--overwrite` alone or "
+              "`--overwrite true|false` (as `mlflow run -P overwrite=true` passes it).")
 @click.option("--run-name", default=None, help="MLflow run name (default: kl<kl_coef>-s<steps>).")
 @click.option("--register/--no-register", default=True, show_default=True,
               help="Register the final policy as a new version of rlhf-policy.")
 @click.pass_context
-def train_rl_cmd(ctx, world, config_path, overrides, out, run_name, register, **options):
+def train_rl_cmd(ctx, world, config_path, overrides, out, overwrite, run_name, register, **options):
     """KL-regularised REINFORCE against a reward model, as an MLflow run."""
+    from .files import check_run_dir
     from .rl_run import run_train_rl
+    if out:  # before the default world is built; run_train_rl checks again with the resolved inputs
+        check_run_dir(out, overwrite=overwrite)
     world_dir = _world_dir(world) if not config_path else world
     cfg = _rl_config(ctx, world_dir, config_path, overrides, options)
     summary = run_train_rl(cfg, world_dir=world_dir, out=out, run_name=run_name, register=register,
-                           echo=lambda m: click.echo(m, err=True))
+                           echo=lambda m: click.echo(m, err=True), overwrite=overwrite)
     click.echo(json.dumps(summary, indent=1))
 
 

@@ -213,9 +213,9 @@ def _ceiling(world_dir, out_dir, champion, table, steps_scale, echo) -> None:
     ov = {**ov, "steps": int(champion.tags.get("checkpoint_step") or ov["steps"]), "reward_wrapper": oracle}
     echo(f"ceiling: {name}'s recipe ({ov['steps']} steps) on the oracle's true reward")
     cfg = load_rl_config(os.path.join(world_dir, "configs", "default.json"), recipe_overrides(ov))
-    ckpt = os.path.join(out_dir, "ceiling_policy")
+    ckpt = os.path.join(out_dir, "ceiling_policy")  # main's own: an earlier main's ceiling is replaced
     run_train_rl(cfg, world_dir=world_dir, out=ckpt, run_name=f"oracle-reward-{name}", register=False,
-                 tags={"rlhf.oracle": "true"}, echo=lambda m: None, progress=False)
+                 tags={"rlhf.oracle": "true"}, echo=lambda m: None, progress=False, overwrite=True)
     truth = run_grade_checkpoint(ckpt, world_dir, run_name=f"grade-oracle-reward-{name}")["truth"]
     ceiling_truth = truth["truth/balanced"]
     champ_truth = float(table.loc[table["model_version"] == str(champion.version), "truth_balanced"].iloc[0])
