@@ -23,7 +23,6 @@ family in it is.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections import Counter
 from dataclasses import asdict, dataclass
@@ -40,6 +39,8 @@ from .checkpoint import content_sha256
 from .config import check_range
 from .correction import feature_count
 from .errors import InputError
+from .files import atomic_write_json, check_writable
+from .reward_wrapper import RewardWrapper, apply_wrapper, load_wrapper
 
 
 @dataclass(frozen=True)
@@ -106,8 +107,7 @@ def _log_ratios(policy, reference, prompts, responses) -> np.ndarray:
 def _scores(rm, wrapper, records, prompts, responses) -> np.ndarray:
     s = R.score(rm, prompts, responses)
     if wrapper is not None:
-        from .train_rl import apply_wrapper
-        s = apply_wrapper(wrapper, "correction", records, responses, s)
+        s = apply_wrapper(wrapper, getattr(wrapper, "path", "correction"), records, responses, s)
     return s.double().numpy()
 
 
@@ -227,23 +227,22 @@ def aggregate(rows: dict, draws: dict, ref_draws: dict, weights: dict[str, float
 
 
 def certify(policy_dir: str, reference_dir: str, gold_path: str, *, rm_dir: str | None = None,
-            correction: str | None = None, diagnostic: str | dict | None = None,
+            correction: str | RewardWrapper | None = None, diagnostic: str | dict | None = None,
             pilot_prompts: str | None = None, cfg: CertifyConfig = CertifyConfig(),
             shortcuts: list[dict] | None = None) -> dict:
     """Certify `policy_dir` against `reference_dir` with the expert set at `gold_path`.
 
     `rm_dir` enables the direct and doubly-robust estimates; `correction` is a reward-wrapper file
-    (from `rlhf_mlflow.correction`) applied to the reward model's scores; `diagnostic` (evidence
-    JSON, path or dict) adds the flagged shortcuts' counts under the policy and the reference
-    (`shortcuts`, the flagged rules themselves, instead: how a report is recomputed);
+    (from `rlhf_mlflow.correction`), or one already loaded, applied to the reward model's scores;
+    `diagnostic` (evidence JSON, path or dict) adds the flagged shortcuts' counts under the policy and
+    the reference (`shortcuts`, the flagged rules themselves, instead: how a report is recomputed);
     `pilot_prompts` adds the `pilot` aggregate weighted by that file's family mix. The report
     records its inputs, their sha256 and the rules, so that release can recompute it."""
     gold = D.read_jsonl(gold_path, labelled=True)
     policy, _ = M.load_policy(policy_dir)
     reference, _ = M.load_policy(reference_dir)
     rm = R.load_rm(rm_dir)[0] if rm_dir else None
-    from .train_rl import load_wrapper
-    wrapper = load_wrapper(correction)
+    wrapper = correction if isinstance(correction, RewardWrapper) else load_wrapper(correction)
     shortcuts = _flagged_shortcuts(diagnostic) if shortcuts is None else shortcuts
     gen = torch.Generator().manual_seed(cfg.seed)
     rng = np.random.default_rng(cfg.seed)
@@ -260,9 +259,11 @@ def certify(policy_dir: str, reference_dir: str, gold_path: str, *, rm_dir: str 
               "balanced": aggregate(rows, draws, ref_draws, {f: 1.0 for f in V.FAMILIES}, cfg),
               "config": asdict(cfg),
               "inputs": {"policy": policy_dir, "reference": reference_dir, "gold": gold_path, "rm_dir": rm_dir,
-                         "correction": correction, "pilot_prompts": pilot_prompts},
+                         "correction": wrapper.path if wrapper else None, "pilot_prompts": pilot_prompts},
               "shortcut_rules": shortcuts}
     report["input_sha256"] = {k: content_sha256(v) for k, v in report["inputs"].items() if v and k != "policy"}
+    if wrapper:  # the bytes it executed, which the file may no longer hold
+        report["input_sha256"]["correction"] = wrapper.sha256
     if pilot_prompts:
         mix = Counter(r["family"] for r in D.read_jsonl(pilot_prompts))
         report["pilot"] = aggregate(rows, draws, ref_draws, dict(mix), cfg)
@@ -302,13 +303,13 @@ def main(argv=None) -> int:
     from .runtime import configure_threads
     configure_threads()
     try:
+        check_writable(a.out)
         report = certify(a.policy, a.reference, a.gold, rm_dir=a.rm_dir, correction=a.correction,
                          diagnostic=a.diagnostic, pilot_prompts=a.pilot_prompts, cfg=CertifyConfig(seed=a.seed))
     except InputError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    with open(a.out, "w") as f:
-        json.dump(report, f, indent=1)
+    atomic_write_json(a.out, report)
     return 0
 
 

@@ -9,6 +9,7 @@ import sys
 import click
 
 from .errors import InputError
+from .files import check_writable
 
 DEFAULT_WORLDS = "worlds"
 
@@ -21,14 +22,19 @@ def _setup() -> None:
 
 
 class Group(click.Group):
-    """Turns InputError into one clear error line (`Error: ...`, exit code 1), and an interrupt
-    (Ctrl-C, SIGTERM) into one line and exit code 130; the step's run is already marked KILLED."""
+    """Turns InputError, and an OSError on a named file (a full disk, a vanished directory), into one
+    clear error line (`Error: ...`, exit code 1; the step's run has already ended FAILED), and an
+    interrupt (Ctrl-C, SIGTERM) into one line and exit code 130 (the run is already marked KILLED)."""
 
     def invoke(self, ctx):
         try:
             return super().invoke(ctx)
         except InputError as e:
             raise click.ClickException(str(e)) from None
+        except OSError as e:
+            if e.filename is None:
+                raise
+            raise click.ClickException(f"{e.filename}: {e.strerror or e}") from None
         except KeyboardInterrupt:
             click.echo("interrupted: the step's MLflow run is marked KILLED (a train-rl run continues with "
                        "`rlhf-mlflow train-rl --resume RUN_ID`)", err=True)
@@ -50,9 +56,12 @@ def cli():
 @click.option("--out", default=None, help="Output directory (default: worlds/<hash>, reused when it exists).")
 def build_world_cmd(seed, spec, scale, out):
     """Build (or reuse) a synthetic world with a hidden truth."""
+    from . import data as D
     from .tracking import runs as T
     from .world import corruptions as C
     from .world.build import build_world, ensure_world
+    if out:
+        check_writable(out, directory=True)
     rules = C.load_spec(spec)
     with T.tracked_run("build_world", {"seed": seed, "spec": rules, "scale": scale}):
         if out:
@@ -65,7 +74,8 @@ def build_world_cmd(seed, spec, scale, out):
         T.log_metrics({f"timing/{k}": v for k, v in manifest["timings"].items()})
         for rel, context in (("data/prompts_train.jsonl", "train"), ("data/prompts_dev.jsonl", "dev"),
                              ("data/gold_calib.jsonl", "gold"), ("reward_model/train.jsonl", "qa")):
-            T.log_jsonl_input(os.path.join(path, rel), context)
+            records = D.read_jsonl(os.path.join(path, rel), labelled=context in ("gold", "qa"))
+            T.log_records_input(records, os.path.join(path, rel), context)
     click.echo(json.dumps({"world": os.path.abspath(path), "world_hash": manifest["world_hash"],
                            "timings": manifest["timings"]}, indent=1))
 
@@ -138,29 +148,39 @@ def _rl_config(ctx, world_dir, config_path, overrides, options):
 @click.option("--config", "config_path", default=None, help="JSON recipe (default: <world>/configs/default.json).")
 @click.option("--override", "overrides", multiple=True, help="key=value, repeatable; value parsed as JSON.")
 @_rl_options
-@click.option("--out", default=None, help="Also write the checkpoint, run_config.json and log.jsonl here.")
+@click.option("--out", default=None, help="Also write the checkpoint, run_config.json and log.jsonl here "
+              "(an empty directory, or one this run's marker .rlhf_run.json claims).")
+@click.option("--overwrite", type=click.BOOL, is_flag=False, flag_value=True, default=False, show_default=True,
+              help="Delete what --out holds first (another run's files); `--overwrite` alone or "
+              "`--overwrite true|false` (as `mlflow run -P overwrite=true` passes it).")
 @click.option("--run-name", default=None, help="MLflow run name (default: kl<kl_coef>-s<steps>).")
 @click.option("--register/--no-register", default=True, show_default=True,
               help="Register the final policy as a new version of rlhf-policy.")
 @click.option("--resume", "resume_run", default=None, metavar="RUN_ID",
               help="Continue this train_rl run that died, from its last checkpoint, in the same MLflow run.")
 @click.pass_context
-def train_rl_cmd(ctx, world, config_path, overrides, out, run_name, register, resume_run, **options):
+def train_rl_cmd(ctx, world, config_path, overrides, out, overwrite, run_name, register, resume_run, **options):
     """KL-regularised REINFORCE against a reward model, as an MLflow run."""
     from click.core import ParameterSource
 
+    from .files import check_run_dir
     from .rl_run import resume_train_rl, run_train_rl
     echo = lambda m: click.echo(m, err=True)  # noqa: E731
     if resume_run:
-        given = [n for n in ("world", "config_path", "overrides", "run_name", *options)
+        given = [n for n in ("world", "config_path", "overrides", "run_name", "overwrite", *options)
                  if ctx.get_parameter_source(n) != ParameterSource.DEFAULT]
         if given:
             raise click.UsageError(f"--resume continues the run with its own config; drop {', '.join(given)}")
+        if out:
+            check_run_dir(out, run_id=resume_run)
         summary = resume_train_rl(resume_run, out=out, register=register, echo=echo)
     else:
+        if out:  # before the default world is built; run_train_rl checks again with the resolved inputs
+            check_run_dir(out, overwrite=overwrite)
         world_dir = _world_dir(world) if not config_path else world
         cfg = _rl_config(ctx, world_dir, config_path, overrides, options)
-        summary = run_train_rl(cfg, world_dir=world_dir, out=out, run_name=run_name, register=register, echo=echo)
+        summary = run_train_rl(cfg, world_dir=world_dir, out=out, run_name=run_name, register=register, echo=echo,
+                               overwrite=overwrite)
     click.echo(json.dumps(summary, indent=1))
 
 
@@ -182,17 +202,15 @@ def _world_file(world_dir: str | None, given: str | None, *rel: str) -> str:
 def dev_eval_cmd(policy, world, policy_ref, reward_model, prompts, gold, n, seed, out):
     """The seed's dev evaluation, plus per family, as an MLflow run linked to the policy's model."""
     from .steps import run_dev_eval
+    if out:
+        check_writable(out)
     world_dir = None if (policy_ref and reward_model and prompts) else _world_dir(world)
     policy_ref = _world_file(world_dir, policy_ref, "policy")
     reward_model = _world_file(world_dir, reward_model, "reward_model")
     prompts = _world_file(world_dir, prompts, "data", "prompts_dev.jsonl")
     gold = gold or (os.path.join(world_dir, "data", "gold_calib.jsonl") if world_dir else None)
-    metrics = run_dev_eval(policy, policy_ref, reward_model, prompts, gold, n, seed)
-    text = json.dumps(metrics, indent=1)
-    if out:
-        with open(out, "w") as f:
-            f.write(text)
-    click.echo(text)
+    metrics = run_dev_eval(policy, policy_ref, reward_model, prompts, gold, n, seed, out=out)
+    click.echo(json.dumps(metrics, indent=1))
 
 
 @cli.command("bon")
@@ -213,12 +231,15 @@ def bon_cmd(policy, reward_model, prompts, n, limit, seed, out):
     from .bon import best_of_n
     from .tracking import runs as T
     from .tracking.policy_model import resolve_policy
+    if out:
+        check_writable(out)
+    records = D.read_jsonl(prompts)
     params = {"policy": policy, "reward_model": reward_model, "prompts": prompts, "n": n, "limit": limit,
               "seed": seed}
     with T.tracked_run("bon", params), tempfile.TemporaryDirectory() as tmp:
         policy_dir, model_id = resolve_policy(policy)
-        recs = D.read_jsonl(prompts)[:limit]
-        T.log_jsonl_input(prompts, "prompts")
+        recs = records[:limit]
+        T.log_records_input(records, prompts, "prompts")
         samples, metrics = best_of_n(M.load_policy(policy_dir)[0], R.load_rm(reward_model)[0], recs, n, seed=seed)
         path = out or os.path.join(tmp, "samples.jsonl")
         D.write_jsonl(path, samples)
@@ -244,10 +265,12 @@ def train_rm_cmd(data, out, epochs, lr, batch_size, lr_schedule, seed, gold):
     from . import reward_model as R
     from .tracking import runs as T
     from .train_rm import RMConfig, per_family_fit, train_rm
+    check_writable(out, directory=True)
     cfg = RMConfig(epochs=epochs, lr=lr, batch_size=batch_size, lr_schedule=lr_schedule, seed=seed)
+    records = D.read_jsonl(data, labelled=True)
+    gold_recs = D.read_jsonl(gold, labelled=True) if gold else None
     with T.tracked_run("train_rm", {**asdict(cfg), "data": data, "gold": gold}):
-        records = D.read_jsonl(data, labelled=True)
-        T.log_jsonl_input(data, "training")
+        T.log_records_input(records, data, "training")
         logger = T.MetricLogger()
 
         def on_log(epoch, m):
@@ -259,7 +282,6 @@ def train_rm_cmd(data, out, epochs, lr, batch_size, lr_schedule, seed, gold):
         R.save_rm(rm, info["config"], out)
         metrics = {f"label_pearson/{f}": v["pearson"] for f, v in info["fit"].items()}
         if gold:
-            gold_recs = D.read_jsonl(gold, labelled=True)
             scores = R.score(rm, D.prompts_tensor(gold_recs), D.responses_tensor(gold_recs))
             fit = per_family_fit(scores, D.labels_tensor(gold_recs), D.family_index(gold_recs))
             metrics.update({f"gold_pearson/{f}": v["pearson"] for f, v in fit.items()})
@@ -331,15 +353,14 @@ def replay_history_cmd(world, steps_scale, only):
 def diagnostic_cmd(world, rm_dir, policy_dir, prompts, n_prompts, seed, out):
     """Gold-free reward-shortcut audit per family, as an MLflow run."""
     from .steps import run_diagnostic_step
+    if out:
+        check_writable(out)
     world_dir = None if (rm_dir and policy_dir and prompts) else _world_dir(world)
     rm_dir = _world_file(world_dir, rm_dir, "reward_model")
     policy_dir = _world_file(world_dir, policy_dir, "policy")
     prompts = _world_file(world_dir, prompts, "data", "prompts_train.jsonl")
-    result = run_diagnostic_step(rm_dir, policy_dir, prompts, n_prompts, seed)
+    result = run_diagnostic_step(rm_dir, policy_dir, prompts, n_prompts, seed, out=out)
     fams = result["families"]
-    if out:
-        with open(out, "w") as f:
-            json.dump(result, f, indent=1)
     click.echo(json.dumps({f: {"risk": round(v["risk"], 3), "flag": v["flag"], "top": v["evidence"][0]}
                            for f, v in fams.items()}, indent=1))
 
@@ -351,6 +372,7 @@ def diagnostic_cmd(world, rm_dir, policy_dir, prompts, n_prompts, seed, out):
 def correct_cmd(diagnostic, qa, out):
     """Fit corrections for the flagged shortcuts on the QA sample and write a reward wrapper."""
     from .steps import run_correction
+    check_writable(out)
     rules = run_correction(diagnostic, qa, out)
     click.echo(json.dumps({"wrapper": os.path.abspath(out), "rules": rules}, indent=1))
 

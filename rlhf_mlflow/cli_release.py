@@ -46,15 +46,15 @@ def certify_cmd(model_version, policy, world, reference, gold, rm_dir, correctio
                 min_ess, max_khat, seed, out):
     """Certify a policy's true quality per family from the expert set, as an MLflow run."""
     from .certify import CertifyConfig
+    from .files import check_writable
     from .release_run import run_certify
+    if out:
+        check_writable(out)
     world_dir = None if (reference and gold) else _world(world)
     res = run_certify(version=model_version, policy=policy, world=world_dir, reference=reference, gold=gold,
                       rm_dir=rm_dir, correction=correction, diagnostic=diagnostic, pilot_prompts=pilot_prompts,
                       cfg=CertifyConfig(min_ess=min_ess, max_khat=max_khat, seed=seed),
-                      echo=lambda m: click.echo(m, err=True))
-    if out:
-        with open(out, "w") as f:
-            json.dump(res["report"], f, indent=1)
+                      echo=lambda m: click.echo(m, err=True), out=out)
     click.echo(json.dumps({"run_id": res["run_id"], "balanced": res["report"]["balanced"]}, indent=1))
 
 

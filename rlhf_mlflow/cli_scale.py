@@ -11,6 +11,7 @@ import click
 
 from .cli import _rl_config, _rl_options, _world_dir
 from .errors import InputError
+from .files import atomic_write_text, check_writable
 
 TABLE_COLUMNS = ["trial", "status", "rank", "certified/balanced", "certified_lo/balanced", "certified_hi/balanced",
                  "gain/balanced", "dev_proxy/balanced", "dev_kl/balanced", "model_version"]
@@ -44,6 +45,8 @@ def sweep_cmd(ctx, world, config_path, overrides, grid, ray_address, max_concurr
     from .rl_config_io import fixture_root
     from .sweep import SweepConfig, best_trial, expand_grid, parse_grid, rank_trials, run_sweep
     from .tracking import sweep_runs as S
+    if out:
+        check_writable(out)
     world_dir = _world_dir(world) if not config_path else (world or fixture_root(config_path))
     base = _rl_config(ctx, world_dir, config_path, overrides, options)
     recipes = _checked_recipes(base, expand_grid(parse_grid(grid)))
@@ -71,7 +74,7 @@ def sweep_cmd(ctx, world, config_path, overrides, grid, ray_address, max_concurr
         S.log_sweep_results(ranked, best)
         _echo_table(ranked)
         if out:
-            ranked.to_csv(out, index=False)
+            atomic_write_text(out, ranked.to_csv(index=False))
         failed = ranked[ranked["status"] != "FINISHED"]
         if best is None:
             click.echo("best trial: none (no trial is certified with every guardrail passing)")

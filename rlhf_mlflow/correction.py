@@ -7,9 +7,12 @@ flagged are corrected; nothing is read from a world's secret.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 
 import numpy as np
+
+from .files import atomic_write_text
 
 WRAPPER_TEMPLATE = '''"""Reward correction fitted by rlhf_mlflow.correction from the diagnostic's evidence."""
 from rlhf_mlflow.correction import apply_rules
@@ -69,6 +72,8 @@ def fit_corrections(diagnostic: dict, qa: list[dict], min_excess: float = 0.0) -
     return rules
 
 
-def write_wrapper(rules: list[dict], path: str) -> None:
-    with open(path, "w") as f:
-        f.write(WRAPPER_TEMPLATE.format(rules=json.dumps(rules, indent=1)))
+def write_wrapper(rules: list[dict], path: str) -> str:
+    """Write the wrapper file (whole or not at all); returns the sha256 of the bytes written."""
+    text = WRAPPER_TEMPLATE.format(rules=json.dumps(rules, indent=1))
+    atomic_write_text(path, text)
+    return hashlib.sha256(text.encode()).hexdigest()

@@ -14,6 +14,7 @@ import torch
 
 from . import vocab as V
 from .errors import InputError
+from .files import atomic_open
 
 
 def check_record(rec, where: str, labelled: bool | None) -> dict:
@@ -64,8 +65,8 @@ def read_jsonl(path: str, labelled: bool | None = None) -> list[dict]:
 
 
 def write_jsonl(path: str, records: Iterable[dict]) -> None:
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path, "w") as f:
+    """Write records one per line; the file appears whole or not at all."""
+    with atomic_open(path) as f:
         for r in records:
             f.write(json.dumps(r) + "\n")
 

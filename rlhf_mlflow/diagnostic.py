@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import math
 import os
 import sys
@@ -34,6 +33,7 @@ from . import reward_model as R
 from . import rm_probes as P
 from . import vocab as V
 from .errors import InputError
+from .files import atomic_write_json, check_writable
 
 TRUTH_BOUND = 1.0 / V.RESP_LEN  # the most one token can change a fraction-of-8 label
 MARGIN = 0.075       # allowance for the reward model's fitting error beyond the bound
@@ -204,12 +204,12 @@ def main(argv=None) -> int:
     from .runtime import configure_threads
     configure_threads()
     try:
+        check_writable(a.out)
         result = run_diagnostic(a.rm_dir, a.policy_dir, a.prompts, a.n_prompts, a.seed)
     except InputError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    with open(a.out, "w") as f:
-        json.dump(result, f, indent=1)
+    atomic_write_json(a.out, result)
     return 0
 
 

@@ -9,7 +9,6 @@ built with pandas from the runs and registry versions it made.
 """
 from __future__ import annotations
 
-import json
 import os
 import time
 from collections.abc import Callable
@@ -17,6 +16,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
+from .files import atomic_write_json, check_writable
 from .recipes import CORRECTED, SEED_HISTORY
 from .reports import markdown_table
 from .tracking import registry as REG
@@ -36,15 +36,14 @@ def run_main(world_dir: str, out_dir: str, steps_scale: float = 1.0, ceiling: bo
     from .release_run import run_certify, run_grade, run_release
     from .steps import run_correction, run_dev_eval, run_diagnostic_step
     j = lambda *p: os.path.join(world_dir, *p)  # noqa: E731
-    os.makedirs(out_dir, exist_ok=True)
+    os.makedirs(check_writable(out_dir, "--out", directory=True), exist_ok=True)
     t0 = time.perf_counter()
     with T.tracked_run("main", {"world": os.path.abspath(world_dir), "steps_scale": steps_scale},
                        run_name="main") as parent:
         echo("diagnostic: auditing the reward model without expert labels")
         diag = run_diagnostic_step(j("reward_model"), j("policy"), j("data", "prompts_train.jsonl"))
         diag_path = os.path.join(out_dir, "diagnostic.json")
-        with open(diag_path, "w") as f:
-            json.dump(diag, f, indent=1)
+        atomic_write_json(diag_path, diag)
         flagged = [f for f, r in diag["families"].items() if r["flag"]]
         echo(f"  flagged: {', '.join(flagged) or 'none'}")
         wrapper = os.path.abspath(os.path.join(out_dir, "correction.py"))
@@ -217,9 +216,9 @@ def _ceiling(world_dir, out_dir, champion, table, steps_scale, echo) -> None:
     ov = {**ov, "steps": int(champion.tags.get("checkpoint_step") or ov["steps"]), "reward_wrapper": oracle}
     echo(f"ceiling: {name}'s recipe ({ov['steps']} steps) on the oracle's true reward")
     cfg = load_rl_config(os.path.join(world_dir, "configs", "default.json"), recipe_overrides(ov))
-    ckpt = os.path.join(out_dir, "ceiling_policy")
+    ckpt = os.path.join(out_dir, "ceiling_policy")  # main's own: an earlier main's ceiling is replaced
     run_train_rl(cfg, world_dir=world_dir, out=ckpt, run_name=f"oracle-reward-{name}", register=False,
-                 tags={"rlhf.oracle": "true"}, echo=lambda m: None, progress=False)
+                 tags={"rlhf.oracle": "true"}, echo=lambda m: None, progress=False, overwrite=True)
     truth = run_grade_checkpoint(ckpt, world_dir, run_name=f"grade-oracle-reward-{name}")["truth"]
     ceiling_truth = truth["truth/balanced"]
     champ_truth = float(table.loc[table["model_version"] == str(champion.version), "truth_balanced"].iloc[0])

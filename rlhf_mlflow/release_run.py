@@ -18,8 +18,10 @@ from . import certify as C
 from . import guardrails as G
 from .checkpoint import content_sha256
 from .errors import InputError
+from .files import atomic_write_json, check_writable
 from .figures import certification_plot
 from .reports import certification_markdown, release_markdown
+from .reward_wrapper import load_wrapper
 from .tracking import registry as REG
 from .tracking import runs as T
 from .tracking.release_lock import ReleaseLock
@@ -59,25 +61,30 @@ def run_certify(version: str | None = None, policy: str | None = None, world: st
                 reference: str | None = None, gold: str | None = None, rm_dir: str | None = None,
                 correction: str | None = None, diagnostic: str | dict | None = None, pilot_prompts: str | None = None,
                 cfg: C.CertifyConfig = C.CertifyConfig(), echo: Callable[[str], None] = print,
-                tags: dict | None = None) -> dict:
-    """Certify a registered version (or a plain checkpoint directory) as an MLflow run."""
+                tags: dict | None = None, out: str | None = None) -> dict:
+    """Certify a registered version (or a plain checkpoint directory) as an MLflow run; `out` receives
+    the report JSON, written before the version is tagged (a failure leaves the version untagged)."""
     if bool(version) == bool(policy):
         raise InputError("certify needs exactly one of --model-version or --policy")
+    if out:
+        check_writable(out)
     inputs = world_inputs(world, reference=reference, gold=gold, rm_dir=rm_dir, pilot_prompts=pilot_prompts)
+    wrapper = load_wrapper(correction)  # the bytes hashed below are the bytes certify executes
     params = {**inputs, "model_version": version, "policy": policy, "correction": correction,
               "diagnostic": diagnostic if isinstance(diagnostic, str) or diagnostic is None else "(in memory)",
               **{f"certify.{k}": v for k, v in cfg.__dict__.items()}}
+    if wrapper:
+        params["correction_sha256"] = wrapper.sha256
     with T.tracked_run("certify", params, tags=tags,
                        run_name=f"certify-v{version}" if version else "certify") as run:
         model_id = None
         if version:
             REG.get_version(version)
             policy, model_id = REG.download_policy(version)
-        if correction:
-            T.log_artifact(correction, "correction")
-            T.log_params({"correction_sha256": T.file_sha256(correction)})
+        if wrapper:
+            T.log_bytes(wrapper.source, os.path.basename(wrapper.path), "correction")
         report = C.certify(policy, inputs["reference"], inputs["gold"], rm_dir=inputs.get("rm_dir"),
-                           correction=correction, diagnostic=diagnostic,
+                           correction=wrapper, diagnostic=diagnostic,
                            pilot_prompts=inputs.get("pilot_prompts"), cfg=cfg)
         report["subject"] = ({"registered_model": REG.REGISTERED_MODEL, "model_version": str(version),
                               "model_id": model_id} if version else {"policy": policy})
@@ -85,9 +92,12 @@ def run_certify(version: str | None = None, policy: str | None = None, world: st
         sha = T.log_json_artifact(report, REG.CERT_ARTIFACT)
         T.log_text(certification_markdown(report), "certification.md")
         T.log_figure(certification_plot(report), "figures/certification.png")
+        if out:
+            atomic_write_json(out, report)
         if version:  # last: a failure above leaves the version untagged
             REG.set_tags(version, {"certification.run_id": run.info.run_id, "certification.sha256": sha,
-                                   "certification.balanced": REG.balanced_tag(report)})
+                                   "certification.balanced": REG.balanced_tag(report),
+                                   **({"correction_sha256": wrapper.sha256} if wrapper else {})})
         echo(_summary_line(report, version))
     return {"run_id": run.info.run_id, "report": report}
 

@@ -9,15 +9,17 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import tempfile
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 
 from . import checkpoint as CK
+from . import data as D
+from . import files as F
 from . import model as M
 from .config import from_dict
 from .errors import InputError
+from .reward_wrapper import load_wrapper
 from .train_rl import PATH_KEYS, Resume, RLConfig, train_rl
 from .tracking import runs as T
 from .tracking.policy_model import log_policy
@@ -49,23 +51,35 @@ def input_hashes(cfg: RLConfig) -> dict[str, str]:
 def run_train_rl(cfg: RLConfig, world_dir: str | None = None, out: str | None = None,
                  run_name: str | None = None, register: bool = True,
                  echo: Callable[[str], None] = print, progress: bool = True, description: str | None = None,
-                 tags: dict | None = None, select: Callable[[list[tuple[int, str]]], int] | None = None) -> dict:
+                 tags: dict | None = None, select: Callable[[list[tuple[int, str]]], int] | None = None,
+                 overwrite: bool = False) -> dict:
     """Train, log and register. Returns a summary (run id, model version, final metrics).
 
+    `out` (optional) receives the checkpoints, run_config.json and log.jsonl; it must be empty or
+    hold only this run's files (its marker .rlhf_run.json), unless `overwrite` deletes what it holds.
     `select`, given the checkpoints as (step, directory) in step order (the final one last), returns
     the step whose policy is registered (default: the final one); the version is tagged with it.
     """
     recipe = run_name or f"kl{cfg.kl_coef:g}-s{cfg.steps}"
+    if out:
+        _check_out(out, cfg, overwrite)
+    # every input is read and validated before anything is logged; these records and these wrapper
+    # bytes are what the run logs and uses
+    prompts = D.read_jsonl(cfg.prompt_file)
+    wrapper = load_wrapper(cfg.reward_wrapper)
     params = {**asdict(cfg), **world_params(world_dir), **input_hashes(cfg)}
+    if wrapper:
+        params["reward_wrapper_sha256"] = wrapper.sha256
     with T.tracked_run("train_rl", params, tags={"rlhf.recipe": recipe, **(tags or {})}, run_name=recipe,
                        description=description) as run:
-        if cfg.reward_wrapper and os.path.isfile(cfg.reward_wrapper):
-            T.log_artifact(cfg.reward_wrapper, "reward_wrapper")
-        if os.path.isfile(cfg.prompt_file):
-            T.log_jsonl_input(cfg.prompt_file, "training")
+        if out:
+            F.claim_run_dir(out, run.info.run_id, overwrite)
+        if wrapper:
+            T.log_bytes(wrapper.source, os.path.basename(wrapper.path), "reward_wrapper")
+        T.log_records_input(prompts, cfg.prompt_file, "training")
         T.log_json_artifact(asdict(cfg), CONFIG_ARTIFACT)
-        return _train(cfg, run.info.run_id, recipe, params.get("world_hash", ""), out, register, echo, progress,
-                      select)
+        return _train(Job(cfg, run.info.run_id, recipe, params.get("world_hash", ""), prompts, wrapper),
+                      out, register, echo, progress, select)
 
 
 def resume_train_rl(run_id: str, out: str | None = None, register: bool = True,
@@ -87,11 +101,14 @@ def resume_train_rl(run_id: str, out: str | None = None, register: bool = True,
         start = resume.state.step if resume else 0
         echo(f"resuming run {run_id} at step {start} of {cfg.steps}"
              + ("" if resume else " (it saved no checkpoint: from the start)"))
+        job = Job(cfg, run_id, run.data.tags.get("rlhf.recipe", run.info.run_name), params.get("world_hash", ""),
+                  D.read_jsonl(cfg.prompt_file), load_wrapper(cfg.reward_wrapper))
         T.use_experiment_of(run)
         stored = T.stored_steps(run_id)
         with T.tracked_run("train_rl", tags={"rlhf.resumed_from_step": str(start)}, run_id=run_id):
-            return _train(cfg, run_id, run.data.tags.get("rlhf.recipe", run.info.run_name),
-                          params.get("world_hash", ""), out, register, echo, progress, None, resume, stored)
+            if out:
+                F.claim_run_dir(out, run_id)
+            return _train(job, out, register, echo, progress, None, resume, stored)
 
 
 def resumable_run(run_id: str):
@@ -133,10 +150,21 @@ def _last_checkpoint(run_id: str, tmp: str) -> Resume | None:
     return None
 
 
-def _train(cfg: RLConfig, run_id: str, recipe: str, world_hash: str, out: str | None, register: bool,
-           echo: Callable[[str], None], progress: bool, select, resume: Resume | None = None,
-           stored: dict[str, int] | None = None) -> dict:
+@dataclass(frozen=True)
+class Job:
+    """What a (new or resumed) train_rl run trains with: its config, run, recipe and validated inputs."""
+    cfg: RLConfig
+    run_id: str
+    recipe: str
+    world_hash: str
+    prompts: list[dict]
+    wrapper: object | None
+
+
+def _train(job: Job, out: str | None, register: bool, echo: Callable[[str], None], progress: bool, select,
+           resume: Resume | None = None, stored: dict[str, int] | None = None) -> dict:
     """The training part of a train_rl run (new or resumed), inside its active MLflow run."""
+    cfg, run_id = job.cfg, job.run_id
     with tempfile.TemporaryDirectory() as tmp:
         ckpt_root = out or os.path.join(tmp, "policy")
         bar = _progress(cfg.steps, progress, resume.state.step if resume else 0)
@@ -151,53 +179,57 @@ def _train(cfg: RLConfig, run_id: str, recipe: str, world_hash: str, out: str | 
         def on_checkpoint(step, policy, state):
             logger.flush(synchronous=True)  # every point up to here is stored before the checkpoint exists
             path = os.path.join(out or tmp, f"step_{step}")
-            save_checkpoint(policy, state, path)
+            with F.atomic_dir(path) as staging:  # the policy and its training state appear together
+                M.save_policy(policy, policy.cfg, staging)
+                CK.save_train_state(state, staging)
             T.log_artifact(path, f"checkpoints/step_{step}")
             saved.append((step, path))
 
         try:
-            result = train_rl(cfg, on_log=on_log, on_checkpoint=on_checkpoint, resume=resume)
+            result = train_rl(cfg, on_log=on_log, on_checkpoint=on_checkpoint, wrapper=job.wrapper,
+                              prompts=job.prompts, resume=resume)
         finally:  # the curves up to a failure are kept
             logger.flush()
             bar(None, None)
         M.save_policy(result.policy, result.policy_config, ckpt_root)
         T.log_artifact(ckpt_root, "checkpoints/final")
         if out:
-            with open(os.path.join(out, CONFIG_ARTIFACT), "w") as f:
-                json.dump(asdict(cfg), f, indent=1)
-            with open(os.path.join(out, "log.jsonl"), "w") as f:
-                for step, m in result.history:
-                    f.write(json.dumps({"step": step, **m}) + "\n")
+            F.atomic_write_json(os.path.join(out, CONFIG_ARTIFACT), asdict(cfg))
+            F.atomic_write_text(os.path.join(out, "log.jsonl"),
+                                "".join(json.dumps({"step": step, **m}) + "\n" for step, m in result.history))
         from .figures import family_curves
         T.log_figure(family_curves(result.history), "figures/family_curves.png")
-        summary = {"run_id": run_id, "recipe": recipe, "seconds": round(result.seconds, 1),
+        summary = {"run_id": run_id, "recipe": job.recipe, "seconds": round(result.seconds, 1),
                    **{k: v for k, v in result.history[-1][1].items() if k.endswith("/balanced")}}
         if register:
-            saved.append((cfg.steps, ckpt_root))
-            step = cfg.steps if select is None else select(saved)
-            path = dict(saved)[step]
-            T.set_tags({"rlhf.registered_step": str(step)})
-            info, version = log_policy(path, tags={"run_id": run_id, "recipe": recipe, "world_hash": world_hash,
-                                                   "checkpoint_step": str(step)})
-            summary.update(model_id=info.model_id, model_version=version.version, registered_step=step)
-            echo(f"registered rlhf-policy version {version.version} (run {run_id}, step {step})")
+            summary.update(_register(job, saved + [(cfg.steps, ckpt_root)], select, echo))
     return summary
 
 
-def save_checkpoint(policy: M.Policy, state, path: str) -> None:
-    """The policy and its training state in one directory that appears whole or not at all."""
-    parent = os.path.dirname(os.path.abspath(path))
-    os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=".ckpt-", dir=parent)
-    try:
-        M.save_policy(policy, policy.cfg, tmp)
-        CK.save_train_state(state, tmp)
-        if os.path.exists(path):
-            shutil.rmtree(path)
-        os.replace(tmp, path)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+def _register(job: Job, saved: list[tuple[int, str]], select, echo: Callable[[str], None]) -> dict:
+    """Register the checkpoint `select` picks (the final one by default) as a new version."""
+    step = job.cfg.steps if select is None else select(saved)
+    T.set_tags({"rlhf.registered_step": str(step)})
+    version_tags = {"run_id": job.run_id, "recipe": job.recipe, "world_hash": job.world_hash,
+                    "checkpoint_step": str(step)}
+    if job.wrapper:
+        version_tags["reward_wrapper_sha256"] = job.wrapper.sha256
+    info, version = log_policy(dict(saved)[step], tags=version_tags)
+    echo(f"registered rlhf-policy version {version.version} (run {job.run_id}, step {step})")
+    return {"model_id": info.model_id, "model_version": version.version, "registered_step": step}
+
+
+def _check_out(out: str, cfg: RLConfig, overwrite: bool) -> None:
+    """Before the run: `out` is writable and free (files.check_run_dir), and --overwrite would not
+    delete one of the run's own inputs."""
+    F.check_run_dir(out, overwrite=overwrite)
+    root = os.path.join(os.path.abspath(out), "")
+    for key in PATH_KEYS:
+        path = getattr(cfg, key)
+        if overwrite and path and os.path.join(os.path.abspath(path), "").startswith(root):
+            raise InputError(f"--out {out} --overwrite would delete {key} {path}: choose another directory")
+    if overwrite and os.path.join(os.getcwd(), "").startswith(root):
+        raise InputError(f"--out {out} --overwrite would delete the current directory: choose another directory")
 
 
 def _progress(total: int, enabled: bool, start: int = 0):

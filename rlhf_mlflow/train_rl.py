@@ -8,7 +8,6 @@ decides what to save, log or register.
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import logging
 import math
 import os
@@ -22,12 +21,12 @@ from . import data as D
 from . import model as M
 from . import reward_model as R
 from . import rl_math, rollout
-from . import vocab as V
 from .checkpoint import freeze
 from .config import check_range
 from .errors import InputError
 from .family_stats import FamilyAccumulator, family_of
 from .partner import Partner, available
+from .reward_wrapper import Transform, apply_wrapper, load_wrapper
 from .train_state import TrainState, capture, restore
 
 log = logging.getLogger(__name__)
@@ -92,48 +91,6 @@ class RLConfig:
         return out if out.policy_init else replace(out, policy_init=out.policy_ref)
 
 
-RewardWrapper = Callable[[list, list, list], list]
-
-
-def load_wrapper(path: str | None) -> RewardWrapper | None:
-    if not path:
-        return None
-    if not os.path.isfile(path):
-        raise InputError(f"reward_wrapper {path}: file not found")
-    spec = importlib.util.spec_from_file_location("reward_wrapper", path)
-    mod = importlib.util.module_from_spec(spec)
-    try:
-        spec.loader.exec_module(mod)
-    except Exception as e:
-        raise InputError(f"reward_wrapper {path}: failed to import ({type(e).__name__}: {e})") from None
-    if not callable(getattr(mod, "transform", None)):
-        raise InputError(f"reward_wrapper {path}: defines no function transform(records, response_tokens, rewards)")
-    return mod.transform
-
-
-def apply_wrapper(wrap: RewardWrapper, name: str, records: list[dict], responses: torch.Tensor,
-                  raw: torch.Tensor) -> torch.Tensor:
-    """Call a reward wrapper and check that it returned one finite reward per response."""
-    tokens = [V.decode_response(r) for r in responses.tolist()]
-    try:
-        out = wrap(records, tokens, raw.tolist())
-    except Exception as e:
-        raise InputError(f"reward_wrapper {name}: transform raised {type(e).__name__}: {e}") from None
-    try:
-        rewards = torch.as_tensor(list(out), dtype=torch.float32)
-    except (TypeError, ValueError) as e:
-        raise InputError(f"reward_wrapper {name}: transform must return a list of numbers ({e})") from None
-    if rewards.shape != raw.shape:
-        raise InputError(f"reward_wrapper {name}: transform returned {rewards.numel()} rewards "
-                         f"for {raw.numel()} responses")
-    bad = (~torch.isfinite(rewards)).nonzero()
-    if len(bad):
-        i = int(bad[0])
-        raise InputError(f"reward_wrapper {name}: transform returned a non-finite reward ({float(rewards[i])}) "
-                         f"at index {i}")
-    return rewards
-
-
 @dataclass
 class RLResult:
     policy: M.Policy
@@ -178,7 +135,7 @@ class Learner:
     frozen: Frozen
     opt: torch.optim.Optimizer
     rng: torch.Generator
-    wrap: RewardWrapper | None
+    wrap: Transform | None
     partner: Partner | None
 
     def sample(self, prompts: torch.Tensor) -> tuple[torch.Tensor, Callable[[], torch.Tensor], tuple]:
@@ -249,10 +206,12 @@ OnCheckpoint = Callable[[int, M.Policy, TrainState], None]
 
 def train_rl(cfg: RLConfig, on_log: Callable[[int, dict], None] | None = None,
              on_checkpoint: OnCheckpoint | None = None,
-             wrapper: RewardWrapper | None = None, timings: dict | None = None,
-             resume: Resume | None = None) -> RLResult:
+             wrapper: Transform | None = None, timings: dict | None = None,
+             prompts: list[dict] | None = None, resume: Resume | None = None) -> RLResult:
     """Run the RL loop on a resolved config (absolute paths). Returns the trained policy and history.
 
+    `wrapper` (a loaded RewardWrapper or any transform) and `prompts` (validated prompt records), when
+    given, are used instead of reading cfg.reward_wrapper and cfg.prompt_file again.
     `on_checkpoint(step, policy, state)` is called every `save_every` steps with what a later `resume`
     needs; resumed from such a checkpoint, the run continues as if it had never stopped.
     `timings`, when given, accumulates seconds spent sampling, scoring (reward, log-probs, KL) and in
@@ -264,7 +223,7 @@ def train_rl(cfg: RLConfig, on_log: Callable[[int, dict], None] | None = None,
     torch.manual_seed(cfg.seed)
     rng = torch.Generator().manual_seed(cfg.seed + 1)
     policy, pcfg = M.load_policy(resume.policy_dir if resume else (cfg.policy_init or cfg.policy_ref))
-    sampler = D.PromptSampler(D.read_jsonl(cfg.prompt_file), cfg.family_weights)
+    sampler = D.PromptSampler(prompts or D.read_jsonl(cfg.prompt_file), cfg.family_weights)
     opt = torch.optim.Adam(policy.parameters(), lr=cfg.lr, fused=True)
     acc, scalars, result = FamilyAccumulator(METRICS), {"loss": 0.0, "grad_norm": 0.0}, RLResult(policy, pcfg)
     start = 0

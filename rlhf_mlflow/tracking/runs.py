@@ -163,16 +163,12 @@ def log_metrics(metrics: dict, step: int | None = None, model_id: str | None = N
     mlflow.log_metrics({k: float(v) for k, v in metrics.items()}, step=step, model_id=model_id)
 
 
-def file_sha256(path: str) -> str:
-    with open(path, "rb") as f:
-        return hashlib.sha256(f.read()).hexdigest()
-
-
-def log_jsonl_input(path: str, context: str) -> None:
-    """Record a JSONL file the run read as an MLflow dataset input (name, digest, source)."""
+def log_records_input(records: list[dict], path: str, context: str) -> None:
+    """Record the validated records the run read from a JSONL file (data.read_jsonl) as an MLflow
+    dataset input (name, digest, source); the file itself is not parsed again."""
     import pandas as pd
-    df = pd.read_json(path, lines=True)
-    ds = mlflow.data.from_pandas(df, source=os.path.abspath(path), name=os.path.basename(path))
+    ds = mlflow.data.from_pandas(pd.DataFrame.from_records(records), source=os.path.abspath(path),
+                                 name=os.path.basename(path))
     mlflow.log_input(ds, context=context)
 
 
@@ -185,6 +181,15 @@ def log_json_artifact(obj, name: str, artifact_path: str | None = None) -> str:
             f.write(raw)
         mlflow.log_artifact(path, artifact_path)
     return hashlib.sha256(raw).hexdigest()
+
+
+def log_bytes(data: bytes, name: str, artifact_path: str | None = None) -> None:
+    """Log exactly these bytes as the artifact `name` (e.g. the wrapper source a run executed)."""
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, name)
+        with open(path, "wb") as f:
+            f.write(data)
+        mlflow.log_artifact(path, artifact_path)
 
 
 def log_artifact(path: str, artifact_path: str | None = None) -> None:

@@ -74,9 +74,9 @@ def log_training_inputs(prompt_files: set[str]) -> None:
     """Log each training prompt file on the parent before any trial starts. MLflow inserts a dataset
     row the first time a run of the experiment logs it, without a lock: trials logging the same new
     file at once collide on its unique key (seen on sqlite), while one that exists is only linked."""
+    from ..data import read_jsonl
     for path in sorted(prompt_files):
-        if os.path.isfile(path):
-            T.log_jsonl_input(path, "training")
+        T.log_records_input(read_jsonl(path), path, "training")
 
 
 def current_champion() -> dict | None:

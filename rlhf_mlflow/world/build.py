@@ -10,8 +10,6 @@ import hashlib
 import json
 import logging
 import os
-import shutil
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
@@ -24,6 +22,7 @@ from .. import model as M
 from .. import reward_model as R
 from .. import vocab as V
 from ..errors import InputError
+from ..files import atomic_dir
 from ..train_rm import RMConfig, train_rm
 from . import corruptions as C
 from .reference import confusion_tables, demonstrations, demonstrator_distribution, train_sft
@@ -126,8 +125,7 @@ def build_world(out_dir: str, seed: int = 0, spec: list[dict] | None = None, sca
     torch.manual_seed(cfg.seed)
     truth = Truth.generate(rng, cfg.shared_table)
     confusions = confusion_tables(rng)
-    tmp = tempfile.mkdtemp(prefix=".building-", dir=os.path.dirname(os.path.abspath(out_dir)) or ".")
-    try:
+    with atomic_dir(out_dir) as tmp:
         say("training the reference policy on noisy demonstrations")
         fam, attrs = _prompts(rng, {f: cfg.n_demo for f in V.FAMILIES})
         dist = demonstrator_distribution(truth, confusions, fam, attrs, cfg.demo_noise, cfg.demo_confusion)
@@ -180,12 +178,6 @@ def build_world(out_dir: str, seed: int = 0, spec: list[dict] | None = None, sca
                     "files": _file_hashes(tmp)}
         with open(os.path.join(tmp, "manifest.json"), "w") as f:
             json.dump(manifest, f, indent=1)
-        if os.path.exists(out_dir):
-            shutil.rmtree(out_dir)
-        os.replace(tmp, out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     say(f"world {manifest['world_hash']} built in {timings['total_s']:.0f}s at {out_dir}")
     return manifest
 

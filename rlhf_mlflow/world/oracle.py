@@ -13,6 +13,7 @@ from .. import data as D
 from .. import model as M
 from ..errors import InputError
 from ..family_stats import family_of
+from ..files import atomic_write_text
 from .. import vocab as V
 from .truth import Truth
 
@@ -64,6 +65,5 @@ def transform(records, response_tokens, rewards):
 
 def write_oracle_reward(world_dir: str, path: str) -> str:
     """A reward-wrapper file that replaces the reward model's score with the true quality."""
-    with open(path, "w") as f:
-        f.write(ORACLE_WRAPPER.format(world=os.path.abspath(world_dir)))
+    atomic_write_text(path, ORACLE_WRAPPER.format(world=os.path.abspath(world_dir)))
     return path
