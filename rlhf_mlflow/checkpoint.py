@@ -100,10 +100,6 @@ def save_train_state(state, out_dir: str) -> None:
         json.dump({"step": state.step, **state.meta}, f)
 
 
-def has_train_state(ckpt_dir: str) -> bool:
-    return all(os.path.isfile(os.path.join(ckpt_dir, n)) for n in (STATE_TENSORS, STATE_META))
-
-
 def load_train_state(ckpt_dir: str):
     from .train_state import TrainState
     meta = read_json(os.path.join(ckpt_dir, STATE_META), "no training state (not a resumable checkpoint)")
