@@ -37,7 +37,7 @@ def tracking_uri(tmp_path, monkeypatch) -> str:
 @pytest.fixture(scope="session")
 def pg_server():
     """PostgreSQL + `mlflow server --workers 1` on free loopback ports, under a fresh directory."""
-    from rlhf_mlflow.server import ServerConfig, TrackingServer
+    from rlhf_mlflow.tracking.server import ServerConfig, TrackingServer
     # as root, PostgreSQL runs as the `postgres` user, which must be able to reach its data directory
     root = tempfile.mkdtemp(prefix="rlhf-server-")
     os.chmod(root, 0o755)

@@ -7,10 +7,11 @@ import os
 import pytest
 import torch
 
-from rlhf_mlflow import certify
-from rlhf_mlflow import data as D
-from rlhf_mlflow import model as M
-from rlhf_mlflow.errors import InputError
+from rlhf_mlflow.cli import portable
+from rlhf_mlflow.core import model as M
+from rlhf_mlflow.core import records as D
+from rlhf_mlflow.core.errors import InputError
+from rlhf_mlflow.decisions import certify
 
 
 def sharpened(world: str, out: str, factor: float = 12.0) -> str:
@@ -62,7 +63,7 @@ def test_a_policy_without_overlap_is_refused_not_estimated(tiny_world, tmp_path)
 def test_portable_cli_writes_the_contract(tiny_world, tmp_path):
     ref, gold = _paths(tiny_world)
     out = tmp_path / "cert.json"
-    assert certify.main(["--policy", ref, "--reference", ref, "--gold", gold, "--out", str(out)]) == 0
+    assert portable.certify_main(["--policy", ref, "--reference", ref, "--gold", gold, "--out", str(out)]) == 0
     report = json.loads(out.read_text())
     for row in list(report["families"].values()) + [report["balanced"]]:
         for key in ("certifiable", "estimate", "lo", "hi", "reference"):
@@ -77,7 +78,7 @@ def test_bad_input_is_a_clear_error(tiny_world, tmp_path):
     bad.write_text('{"id": "g", "family": "dune", "attrs": [0, 1, 2, 3], "response": ["pa"], "label": 0.5}\n')
     with pytest.raises(InputError, match=r"gold.jsonl:1: 'response' must be a list of 8 tokens"):
         certify.certify(ref, ref, str(bad))
-    assert certify.main(["--policy", str(tmp_path / "nope"), "--reference", ref, "--gold", gold,
+    assert portable.certify_main(["--policy", str(tmp_path / "nope"), "--reference", ref, "--gold", gold,
                          "--out", str(tmp_path / "o.json")]) == 2
     with pytest.raises(InputError, match="n_boot"):
         certify.CertifyConfig(n_boot=5)

@@ -7,8 +7,9 @@ import shutil
 
 import pytest
 
-from rlhf_mlflow import diagnostic
-from rlhf_mlflow.train_rm import RMConfig
+from rlhf_mlflow.cli import portable
+from rlhf_mlflow.decisions import diagnostic
+from rlhf_mlflow.training.train_rm import RMConfig
 from rlhf_mlflow.world.build import build_world
 
 
@@ -24,7 +25,7 @@ def planted_world(tmp_path_factory):
 
 def test_portable_cli_writes_the_contract(planted_world, tmp_path):
     out = tmp_path / "diag.json"
-    code = diagnostic.main(["--rm-dir", os.path.join(planted_world, "reward_model"),
+    code = portable.diagnostic_main(["--rm-dir", os.path.join(planted_world, "reward_model"),
                             "--policy-dir", os.path.join(planted_world, "policy"),
                             "--prompts", os.path.join(planted_world, "data", "prompts_train.jsonl"),
                             "--out", str(out)])
@@ -45,7 +46,7 @@ def test_missing_qa_sample_is_a_clear_error(planted_world, tmp_path, capsys):
     rm_dir = tmp_path / "rm"
     shutil.copytree(os.path.join(planted_world, "reward_model"), rm_dir)
     os.remove(rm_dir / "train.jsonl")
-    code = diagnostic.main(["--rm-dir", str(rm_dir), "--policy-dir", os.path.join(planted_world, "policy"),
+    code = portable.diagnostic_main(["--rm-dir", str(rm_dir), "--policy-dir", os.path.join(planted_world, "policy"),
                             "--prompts", os.path.join(planted_world, "data", "prompts_train.jsonl"),
                             "--out", str(tmp_path / "x.json")])
     assert code == 2
@@ -54,7 +55,7 @@ def test_missing_qa_sample_is_a_clear_error(planted_world, tmp_path, capsys):
 
 
 def _run_with_rm_dir(planted_world, rm_dir, out):
-    return diagnostic.main(["--rm-dir", str(rm_dir), "--policy-dir", os.path.join(planted_world, "policy"),
+    return portable.diagnostic_main(["--rm-dir", str(rm_dir), "--policy-dir", os.path.join(planted_world, "policy"),
                             "--prompts", os.path.join(planted_world, "data", "prompts_train.jsonl"),
                             "--out", str(out)])
 
@@ -103,7 +104,7 @@ def test_diagnostic_and_correct_commands_log_runs_and_write_a_working_wrapper(pl
     from click.testing import CliRunner
 
     from rlhf_mlflow.cli import cli
-    from rlhf_mlflow.train_rl import load_wrapper
+    from rlhf_mlflow.training.train_rl import load_wrapper
     res = CliRunner().invoke(cli, ["diagnostic", "--world", planted_world, "--out", str(tmp_path / "d.json")],
                              catch_exceptions=False)
     assert res.exit_code == 0, res.output
@@ -132,15 +133,16 @@ def test_a_pair_and_a_conditional_premium_in_a_trained_reward_model_are_found(pl
     attrs[2] == 3."""
     import torch
 
-    from rlhf_mlflow import data as D
-    from rlhf_mlflow import model as M
-    from rlhf_mlflow import vocab as V
+    from rlhf_mlflow.core import model as M
+    from rlhf_mlflow.core import records as D
+    from rlhf_mlflow.core import rollout
+    from rlhf_mlflow.core import vocab as V
     policy, _ = M.load_policy(os.path.join(planted_world, "policy"))
     prompts = D.group_by_family(D.read_jsonl(os.path.join(planted_world, "data", "prompts_train.jsonl")))
 
     def samples(family):
         p = D.prompts_tensor(prompts[family])
-        return M.sample(policy, p, 4, 1.2, torch.Generator().manual_seed(0)) - V.CONTENT_LO  # (N, L)
+        return rollout.sample(policy, p, 4, 1.2, torch.Generator().manual_seed(0)) - V.CONTENT_LO  # (N, L)
 
     y = samples("cobalt")
     a, b = divmod(int(torch.bincount((y[:, :-1] * V.N_CONTENT + y[:, 1:]).flatten()).argmax()), V.N_CONTENT)

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import torch
 
-from rlhf_mlflow import diagnostic, qa_scan
-from rlhf_mlflow import rm_probes as P
-from rlhf_mlflow import vocab as V
+from rlhf_mlflow.core import vocab as V
+from rlhf_mlflow.decisions import diagnostic, qa_scan
+from rlhf_mlflow.decisions import rm_probes as P
 
 C = V.N_CONTENT
 
@@ -147,10 +147,10 @@ def test_audit_flags_and_names_a_conditional_premium():
 
 def test_balanced_prompts_put_every_attribute_value_in_the_probe():
     pool = prompts(500, seed=7)
-    p = diagnostic.balanced_prompts(pool, 24, torch.Generator().manual_seed(0))
+    p = diagnostic.attribute_spread_prompts(pool, 24, torch.Generator().manual_seed(0))
     assert len(p) == 24 and len({tuple(r) for r in p.tolist()}) == 24
     attrs = p[:, 1:1 + V.N_ATTR] - V.VAL_ID[0]
     for i in range(V.N_ATTR):
         counts = torch.bincount(attrs[:, i], minlength=V.N_VAL)  # 3 each on average
         assert counts.min() >= 2 and counts.max() <= 4
-    assert len(diagnostic.balanced_prompts(pool[:5], 24, torch.Generator())) == 5
+    assert len(diagnostic.attribute_spread_prompts(pool[:5], 24, torch.Generator())) == 5

@@ -16,12 +16,12 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from rlhf_mlflow import checkpoint, files
-from rlhf_mlflow import data as D
-from rlhf_mlflow import model as M
 from rlhf_mlflow.cli import cli
-from rlhf_mlflow.errors import InputError
-from rlhf_mlflow.reward_wrapper import RewardWrapper, apply_wrapper, load_wrapper
+from rlhf_mlflow.core import checkpoint, files
+from rlhf_mlflow.core import model as M
+from rlhf_mlflow.core import records as D
+from rlhf_mlflow.core.errors import InputError
+from rlhf_mlflow.core.reward_wrapper import RewardWrapper, apply_wrapper, load_wrapper
 
 TINY = ["--steps", 2, "--log-every", 1, "--batch-prompts", 4, "--samples-per-prompt", 2]
 UNWRITABLE = "/proc/rlhf-x"  # /proc accepts no new files, even from root
@@ -212,12 +212,12 @@ def test_certify_out_is_written_before_the_version_is_tagged(tiny_world, tmp_pat
            "--out /proc/rlhf-x.json")
     assert not _runs("certify")
 
-    from rlhf_mlflow import release_run
+    from rlhf_mlflow.steps import certify as certify_step
 
     def disk_full(path, obj):
         raise OSError(errno.ENOSPC, "No space left on device", path)
     with monkeypatch.context() as m:
-        m.setattr(release_run, "atomic_write_json", disk_full)
+        m.setattr(certify_step, "atomic_write_json", disk_full)
         _fails(_run("certify", "--model-version", 1, "--world", tiny_world, "--out", tmp_path / "cert.json"),
                str(tmp_path / "cert.json"), "No space left on device")
     (run,) = _runs("certify")

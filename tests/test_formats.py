@@ -10,11 +10,11 @@ import torch.nn as nn
 import torch.nn.functional as F
 from safetensors.torch import save_file
 
-from rlhf_mlflow import data as D
-from rlhf_mlflow import model as M
-from rlhf_mlflow import reward_model as R
-from rlhf_mlflow import vocab as V
-from rlhf_mlflow.errors import InputError
+from rlhf_mlflow.core import model as M
+from rlhf_mlflow.core import records as D
+from rlhf_mlflow.core import reward_model as R
+from rlhf_mlflow.core import vocab as V
+from rlhf_mlflow.core.errors import InputError
 
 
 class SeedAttention(nn.Module):

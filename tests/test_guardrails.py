@@ -5,8 +5,8 @@ import copy
 
 import pytest
 
-from rlhf_mlflow.errors import InputError
-from rlhf_mlflow.guardrails import NAMES, GuardrailConfig, evaluate
+from rlhf_mlflow.core.errors import InputError
+from rlhf_mlflow.decisions.guardrails import NAMES, GuardrailConfig, evaluate
 
 FAMS = ["anvil", "birch", "dune"]
 
@@ -77,3 +77,15 @@ def test_config_rejects_unknown_keys_and_bad_values():
         GuardrailConfig.from_dict({"min_ess": "0"})
     with pytest.raises(InputError, match="must be a number"):
         GuardrailConfig.from_dict({"min_ess": "many"})
+
+
+def test_min_ess_is_certifys_threshold_read_back_not_a_second_one():
+    """Regression: after `certify --min-ess 5`, a family with ESS 7 is certifiable; release used to
+    refuse it as "not certifiable: dune (ok)" by comparing its own min_ess to the family's ESS."""
+    r = report(ess=7.0)
+    r["config"] = {"min_ess": 5.0}
+    ok, why = evaluate(r, GuardrailConfig())["certifiable"]
+    assert not ok and "certified with min_ess 5, below the 10 required" in why and "(ok)" not in why
+    assert evaluate(r, GuardrailConfig(min_ess=5.0))["certifiable"][0]
+    r["config"] = {"min_ess": 10.0}
+    assert evaluate(r, GuardrailConfig())["certifiable"] == (True, "every family certifiable (min_ess 10), min ESS 7.0")

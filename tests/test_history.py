@@ -4,9 +4,9 @@ from __future__ import annotations
 import mlflow
 from click.testing import CliRunner
 
-from rlhf_mlflow import history
 from rlhf_mlflow.cli import cli
-from rlhf_mlflow.recipes import SEED_HISTORY
+from rlhf_mlflow.tracking import history
+from rlhf_mlflow.training.recipes import SEED_HISTORY
 
 
 def test_replay_history_logs_the_seed_runs_with_their_notes(tiny_world):

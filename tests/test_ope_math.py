@@ -4,7 +4,7 @@ import math
 import numpy as np
 import pytest
 
-from rlhf_mlflow import ope_math as O
+from rlhf_mlflow.decisions import ope_math as O
 
 LOG3 = math.log(3.0)
 

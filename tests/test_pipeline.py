@@ -7,7 +7,7 @@ import pytest
 from click.testing import CliRunner
 
 from rlhf_mlflow.cli import cli
-from rlhf_mlflow.recipes import CORRECTED, SEED_HISTORY
+from rlhf_mlflow.training.recipes import CORRECTED, SEED_HISTORY
 
 
 @pytest.mark.slow

@@ -7,11 +7,11 @@ import os
 import mlflow
 import pytest
 from click.testing import CliRunner
+from test_certify import sharpened
 
 from rlhf_mlflow.cli import cli
 from rlhf_mlflow.tracking import runs as T
 from rlhf_mlflow.tracking.policy_model import REGISTERED_MODEL, log_policy
-from test_certify import sharpened
 
 # a tiny world cannot show a real certified gain, so the first release relaxes the gain thresholds
 LENIENT = "min_balanced_gain=-1,require_significant_gain=false,min_family_change=-1"

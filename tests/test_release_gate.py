@@ -15,12 +15,12 @@ import time
 import mlflow
 import pytest
 from click.testing import CliRunner
+from test_certify import sharpened
 
 from rlhf_mlflow.cli import cli
 from rlhf_mlflow.tracking import runs as T
 from rlhf_mlflow.tracking.policy_model import REGISTERED_MODEL, log_policy
 from rlhf_mlflow.tracking.release_lock import lock_name
-from test_certify import sharpened
 
 LENIENT = "min_balanced_gain=-1,require_significant_gain=false,min_family_change=-1"
 RLHF_MLFLOW = os.path.join(os.path.dirname(sys.executable), "rlhf-mlflow")
@@ -244,3 +244,16 @@ def test_concurrent_releases_on_the_postgres_server_five_rounds(tiny_world, tmp_
     monkeypatch.setenv("MLFLOW_TRACKING_URI", pg_server.uri)
     mlflow.set_tracking_uri(pg_server.uri)
     race(_certified_versions(tiny_world, tmp_path), rounds=5, env=_env(pg_server.uri))
+
+
+def test_release_reads_the_min_ess_certify_ran_with(versions, tiny_world):
+    """Regression: one min_ess. A certification run with --min-ess 5 is refused by a release that
+    requires 10, in words; a release that requires 5 accepts the families certify accepted."""
+    v = next(iter(versions))
+    assert _run("certify", "--model-version", v, "--world", tiny_world, "--min-ess", 5).exit_code == 0
+    res = _run("release", "--model-version", v, "--guardrails", LENIENT)
+    assert res.exit_code == 0 and '"decision": "refused"' in res.output
+    tags = _client().get_model_version(REGISTERED_MODEL, v).tags
+    assert tags["guardrail.certifiable"].startswith("fail: certified with min_ess 5, below the 10 required")
+    res = _run("release", "--model-version", v, "--guardrails", LENIENT + ",min_ess=5")
+    assert res.exit_code == 0 and '"decision": "promoted"' in res.output, res.output

@@ -14,8 +14,8 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from rlhf_mlflow import model as M
 from rlhf_mlflow.cli import cli
+from rlhf_mlflow.core import model as M
 from rlhf_mlflow.tracking import runs as T
 
 RLHF_MLFLOW = os.path.join(os.path.dirname(sys.executable), "rlhf-mlflow")
@@ -125,10 +125,11 @@ def test_resume_refuses_inputs_that_moved(tiny_world, tmp_path, phase):
     world = tmp_path / "w"
     shutil.copytree(tiny_world, world)
     with T.tracked_run("train_rl") as run:  # a run that died before saving anything, with its config
-        from rlhf_mlflow.rl_config_io import load_rl_config
-        from rlhf_mlflow.rl_run import CONFIG_ARTIFACT, input_hashes
         from dataclasses import asdict
-        cfg = load_rl_config(str(world / "configs" / "default.json"), ["steps=2"])
+
+        from rlhf_mlflow.steps.train_rl import CONFIG_ARTIFACT, input_hashes
+        from rlhf_mlflow.training.rl_config import load_rl_config
+        cfg = load_rl_config(str(world / "configs" / "default.json"), {"steps": 2})
         T.log_params(input_hashes(cfg))
         T.log_json_artifact(asdict(cfg), CONFIG_ARTIFACT)
     mlflow.MlflowClient().set_terminated(run.info.run_id, "FAILED")

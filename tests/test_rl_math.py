@@ -4,7 +4,7 @@ import math
 import pytest
 import torch
 
-from rlhf_mlflow import rl_math
+from rlhf_mlflow.training import rl_math
 
 
 def test_kl_k1_sums_log_ratios_per_sequence():

@@ -9,10 +9,16 @@ import pandas as pd
 import pytest
 from click.testing import CliRunner
 
-from rlhf_mlflow import vocab as V
 from rlhf_mlflow.cli import cli
-from rlhf_mlflow.errors import InputError
-from rlhf_mlflow.sweep import best_trial, expand_grid, parse_grid, rank_trials, trial_name
+from rlhf_mlflow.core import vocab as V
+from rlhf_mlflow.core.errors import InputError
+from rlhf_mlflow.steps.ray_tune import (
+    best_trial,
+    expand_grid,
+    parse_grid,
+    rank_trials,
+    trial_name,
+)
 
 
 def test_grid_parses_values_as_json_and_expands_in_order():
@@ -87,8 +93,10 @@ def test_local_ray_sweep_of_four_trials(tiny_world, tmp_path):
         assert {f"guardrail/{g}" for g in ("certifiable", "balanced_gain", "family_change", "family_kl",
                                            "marker_collapse", "beats_champion")} <= set(child.data.metrics)
         # its certification: a certify run nested under the trial, which the version points at
-        (cert,) = mlflow.search_runs(search_all_experiments=True, output_format="list",
-                                     filter_string=f"tags.`mlflow.parentRunId` = '{child.info.run_id}'")
+        nested = mlflow.search_runs(search_all_experiments=True, output_format="list",
+                                    filter_string=f"tags.`mlflow.parentRunId` = '{child.info.run_id}'")
+        assert sorted(r.data.tags["rlhf.step"] for r in nested) == ["certify", "dev_eval"]  # the steps' own runs
+        (cert,) = [r for r in nested if r.data.tags["rlhf.step"] == "certify"]
         assert cert.data.tags["rlhf.step"] == "certify" and cert.info.status == "FINISHED"
         assert {"certifiable/balanced", "ess/dune", "kl/dune"} <= set(cert.data.metrics)
         version = client.get_model_version("rlhf-policy", _version_of(client, child.info.run_id))

@@ -10,7 +10,7 @@ import yaml
 from click.testing import CliRunner
 
 from rlhf_mlflow.cli import cli
-from rlhf_mlflow.train_rl import RLConfig
+from rlhf_mlflow.training.rl_config import RLConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -142,17 +142,18 @@ def test_train_rl_registers_the_checkpoint_a_chooser_picks(tiny_world):
     the chosen checkpoint's policy, tagged with its step."""
     from safetensors.torch import load_file
 
-    from rlhf_mlflow.rl_config_io import load_rl_config
-    from rlhf_mlflow.rl_run import run_train_rl
+    from rlhf_mlflow.core.world_paths import WorldPaths
+    from rlhf_mlflow.steps.train_rl import run_train_rl
     from rlhf_mlflow.tracking.policy_model import resolve_policy
+    from rlhf_mlflow.training.rl_config import load_rl_config
     cfg = load_rl_config(os.path.join(tiny_world, "configs", "default.json"),
-                         ["steps=6", "save_every=2", "batch_prompts=4", "samples_per_prompt=2", "log_every=2"])
+                         {"steps": 6, "save_every": 2, "batch_prompts": 4, "samples_per_prompt": 2, "log_every": 2})
     seen = []
 
     def pick_second(saved):
         seen.extend(s for s, _ in saved)
         return saved[1][0]
-    summary = run_train_rl(cfg, world_dir=tiny_world, run_name="chosen", select=pick_second, progress=False,
+    summary = run_train_rl(cfg, world=WorldPaths.at(tiny_world), run_name="chosen", select=pick_second, progress=False,
                            echo=lambda m: None)
     assert seen == [2, 4, 6] and summary["registered_step"] == 4
     client = mlflow.MlflowClient()

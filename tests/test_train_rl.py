@@ -8,14 +8,14 @@ from dataclasses import replace
 import pytest
 import torch
 
-from rlhf_mlflow import data as D
-from rlhf_mlflow import model as M
-from rlhf_mlflow import reward_model as R
-from rlhf_mlflow import rollout
-from rlhf_mlflow import vocab as V
-from rlhf_mlflow.errors import InputError
-from rlhf_mlflow.rl_config_io import load_rl_config
-from rlhf_mlflow.train_rl import RLConfig, train_rl
+from rlhf_mlflow.core import model as M
+from rlhf_mlflow.core import records as D
+from rlhf_mlflow.core import reward_model as R
+from rlhf_mlflow.core import rollout
+from rlhf_mlflow.core import vocab as V
+from rlhf_mlflow.core.errors import InputError
+from rlhf_mlflow.training.rl_config import RLConfig, load_rl_config
+from rlhf_mlflow.training.train_rl import train_rl
 
 
 def _cfg(world, **kw):
@@ -81,24 +81,24 @@ def test_bad_reward_wrappers_are_named(tiny_world, tmp_path, body, match):
 
 def test_config_file_overrides_and_unknown_keys(tiny_world):
     path = os.path.join(tiny_world, "configs", "default.json")
-    cfg = load_rl_config(path, ["kl_coef=0.05", "steps=3"])
+    cfg = load_rl_config(path, {"kl_coef": 0.05, "steps": 3})
     assert cfg.kl_coef == 0.05 and cfg.steps == 3
     assert cfg.policy_ref == os.path.join(tiny_world, "policy")  # relative to the fixture root
     assert cfg.policy_init == cfg.policy_ref
     with pytest.raises(InputError, match=r"unknown config key 'kl_coeff'.*'kl_coef'"):
-        load_rl_config(path, ["kl_coeff=0.05"])
+        load_rl_config(path, {"kl_coeff": 0.05})
     with pytest.raises(InputError, match=r"samples_per_prompt must be an integer >= 2"):
-        load_rl_config(path, ["samples_per_prompt=1"])
+        load_rl_config(path, {"samples_per_prompt": 1})
     with pytest.raises(InputError, match=r"kl_coef must be a number in \[0, inf\)"):
-        load_rl_config(path, ["kl_coef=-1"])
+        load_rl_config(path, {"kl_coef": -1})
     with pytest.raises(InputError, match=r"family_weights: unknown family 'tundra'"):
-        load_rl_config(path, ['family_weights={"tundra": 1}'])
+        load_rl_config(path, {"family_weights": {"tundra": 1}})
 
 
 def test_grouped_logprobs_equal_the_plain_forward(tiny_world):
     policy = M.load_policy(os.path.join(tiny_world, "policy"))[0]
     prompts = D.prompts_tensor(D.read_jsonl(os.path.join(tiny_world, "data", "prompts_train.jsonl"))[:6])
-    responses = M.sample(policy, prompts, 5, 1.0, torch.Generator().manual_seed(0))
+    responses = rollout.sample(policy, prompts, 5, 1.0, torch.Generator().manual_seed(0))
     rep = prompts.repeat_interleave(5, 0)
     plain, _ = M.token_logprobs(policy, rep, responses)
     grouped, _ = rollout.grouped_logprobs(policy, prompts, responses, 5)
@@ -114,7 +114,7 @@ def test_table_lookups_equal_the_plain_forwards(tiny_world):
     rm = R.load_rm(os.path.join(tiny_world, "reward_model"))[0]
     policy = M.load_policy(os.path.join(tiny_world, "policy"))[0]
     prompts = D.prompts_tensor(D.read_jsonl(os.path.join(tiny_world, "data", "prompts_train.jsonl"))[:6])
-    responses = M.sample(policy, prompts, 3, 1.0, torch.Generator().manual_seed(0))
+    responses = rollout.sample(policy, prompts, 3, 1.0, torch.Generator().manual_seed(0))
     ids = torch.cat([prompts.repeat_interleave(3, 0), responses], 1)
     with torch.no_grad():
         assert torch.allclose(R.score(rm, ids[:, :V.PROMPT_LEN], ids[:, V.PROMPT_LEN:]), rm(ids), atol=1e-5)
@@ -146,7 +146,7 @@ def test_a_failing_partner_process_raises_and_leaves_no_process(tiny_world, monk
     traceback instead of a hang, and neither a failure nor a normal end leaves a child process."""
     import multiprocessing
 
-    from rlhf_mlflow import partner
+    from rlhf_mlflow.training import two_process_step as partner
 
     cfg = _cfg(tiny_world, steps=3, batch_prompts=4)
     threads = torch.get_num_threads()
@@ -198,7 +198,7 @@ def test_cached_sampler_draws_from_the_policys_distribution(tiny_world):
     full forward's probabilities."""
     policy = M.load_policy(os.path.join(tiny_world, "policy"))[0]
     prompt = D.prompts_tensor(D.read_jsonl(os.path.join(tiny_world, "data", "prompts_train.jsonl"))[:1])
-    resp = M.sample(policy, prompt, 6000, 1.0, torch.Generator().manual_seed(1))
+    resp = rollout.sample(policy, prompt, 6000, 1.0, torch.Generator().manual_seed(1))
     with torch.no_grad():
         p0 = torch.softmax(policy(prompt)[0, -1], -1)[V.CONTENT_LO:V.CONTENT_HI]
         first = torch.bincount(resp[:, 0] - V.CONTENT_LO, minlength=V.N_CONTENT)

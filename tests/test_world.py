@@ -9,9 +9,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from rlhf_mlflow import data as D
-from rlhf_mlflow import vocab as V
-from rlhf_mlflow.errors import InputError
+from rlhf_mlflow.core import records as D
+from rlhf_mlflow.core import vocab as V
+from rlhf_mlflow.core.errors import InputError
 from rlhf_mlflow.world import corruptions as C
 from rlhf_mlflow.world.build import build_world
 from rlhf_mlflow.world.oracle import Oracle
