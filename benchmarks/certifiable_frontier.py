@@ -46,11 +46,12 @@ import torch  # noqa: E402
 
 torch.set_num_threads(1)
 
-from rlhf_mlflow import data as D  # noqa: E402
-from rlhf_mlflow import model as M  # noqa: E402
-from rlhf_mlflow import ope_math as O  # noqa: E402
-from rlhf_mlflow import vocab as V  # noqa: E402
-from rlhf_mlflow.certify import CertifyConfig, support  # noqa: E402
+from rlhf_mlflow.core import model as M  # noqa: E402
+from rlhf_mlflow.core import records as D  # noqa: E402
+from rlhf_mlflow.core import rollout  # noqa: E402
+from rlhf_mlflow.core import vocab as V  # noqa: E402
+from rlhf_mlflow.decisions import ope_math as O  # noqa: E402
+from rlhf_mlflow.decisions.certify import CertifyConfig, support  # noqa: E402
 from rlhf_mlflow.world.oracle import Oracle  # noqa: E402
 
 LEVELS = np.arange(V.RESP_LEN + 1) / V.RESP_LEN  # the values q can take: 0, 1/8, ..., 1
@@ -76,7 +77,7 @@ def family_histograms(policy, oracle: Oracle, rows: list[dict], samples: int, ge
     chunk = max(1, 16384 // samples)
     for s in range(0, len(rows), chunk):
         p = prompts[s:s + chunk]
-        r = M.sample(policy, p, samples, 1.0, gen)
+        r = rollout.sample(policy, p, samples, 1.0, gen)
         lvl = level_of(oracle.true_quality(p.repeat_interleave(samples, 0), r)).reshape(len(p), samples)
         for k in range(len(LEVELS)):
             hist[s:s + len(p), k] = (lvl == k).sum(1)

@@ -23,14 +23,14 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import numpy as np  # noqa: E402
 
-from rlhf_mlflow import certify as C  # noqa: E402
-from rlhf_mlflow import data as D  # noqa: E402
-from rlhf_mlflow import model as M  # noqa: E402
-from rlhf_mlflow.correction import fit_corrections, write_wrapper  # noqa: E402
-from rlhf_mlflow.diagnostic import run_diagnostic  # noqa: E402
-from rlhf_mlflow.rl_config_io import load_rl_config, recipe_overrides  # noqa: E402
-from rlhf_mlflow.runtime import configure_threads  # noqa: E402
-from rlhf_mlflow.train_rl import train_rl  # noqa: E402
+from rlhf_mlflow.core import model as M  # noqa: E402
+from rlhf_mlflow.core import records as D  # noqa: E402
+from rlhf_mlflow.core.process import configure_threads  # noqa: E402
+from rlhf_mlflow.decisions import certify as C  # noqa: E402
+from rlhf_mlflow.decisions.correction import fit_corrections, write_wrapper  # noqa: E402
+from rlhf_mlflow.decisions.diagnostic import run_diagnostic  # noqa: E402
+from rlhf_mlflow.training.rl_config import load_rl_config  # noqa: E402
+from rlhf_mlflow.training.train_rl import train_rl  # noqa: E402
 from rlhf_mlflow.world.build import ensure_world  # noqa: E402
 from rlhf_mlflow.world.oracle import Oracle  # noqa: E402
 
@@ -57,7 +57,7 @@ def evaluate_world(seed: int, cache: str, work: str, steps_scale: float) -> list
         ov = dict(ov, steps=max(1, int(ov["steps"] * steps_scale)), seed=seed)
         if corrected:
             ov["reward_wrapper"] = wrapper
-        cfg = load_rl_config(j("configs", "default.json"), recipe_overrides(ov))
+        cfg = load_rl_config(j("configs", "default.json"), ov)
         out = os.path.join(work, f"{seed}-{name}")
         M.save_policy(train_rl(cfg).policy, M.default_config(), out)
         policies[name] = out

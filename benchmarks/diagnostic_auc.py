@@ -29,16 +29,16 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
 
-from rlhf_mlflow import data as D  # noqa: E402
-from rlhf_mlflow import model as M  # noqa: E402
-from rlhf_mlflow import reward_model as R  # noqa: E402
-from rlhf_mlflow import rm_probes as P  # noqa: E402
-from rlhf_mlflow import vocab as V  # noqa: E402
-from rlhf_mlflow.diagnostic import run_diagnostic  # noqa: E402
-from rlhf_mlflow.runtime import configure_threads  # noqa: E402
+from rlhf_mlflow.core import model as M  # noqa: E402
+from rlhf_mlflow.core import records as D  # noqa: E402
+from rlhf_mlflow.core import reward_model as R  # noqa: E402
+from rlhf_mlflow.core import rollout  # noqa: E402
+from rlhf_mlflow.core import vocab as V  # noqa: E402
+from rlhf_mlflow.core.process import configure_threads  # noqa: E402
+from rlhf_mlflow.decisions import rm_probes as P  # noqa: E402
+from rlhf_mlflow.decisions.diagnostic import run_diagnostic  # noqa: E402
 from rlhf_mlflow.world import corruptions as C  # noqa: E402
 from rlhf_mlflow.world.build import SCALES, build_world, world_hash  # noqa: E402
-
 
 KINDS = ("token", "pair", "conditional")
 
@@ -80,7 +80,7 @@ def rm_pays(rule: dict, world_dir: str, n: int = 64) -> float:
             if r["family"] == rule["family"]]
     gen = torch.Generator().manual_seed(0)
     p = D.prompts_tensor(recs)[:n]
-    y = M.sample(policy, p, 1, 1.0, gen)
+    y = rollout.sample(policy, p, 1, 1.0, gen)
     if rule["kind"] == "pair":
         a, b = (V.CONTENT.index(t) for t in rule["tokens"])
         return float(P.pair_confirm(score, p, y, [(a, b)], 2 * n, gen)[0][0])

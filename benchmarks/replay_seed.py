@@ -18,15 +18,15 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
 
-from rlhf_mlflow import data as D  # noqa: E402
-from rlhf_mlflow import model as M  # noqa: E402
-from rlhf_mlflow import reward_model as R  # noqa: E402
-from rlhf_mlflow import vocab as V  # noqa: E402
-from rlhf_mlflow.evaluate import balanced_prompts, dev_eval, family_probe  # noqa: E402
-from rlhf_mlflow.recipes import CORRECTED, SEED_HISTORY  # noqa: E402
-from rlhf_mlflow.rl_config_io import load_rl_config, recipe_overrides  # noqa: E402
-from rlhf_mlflow.runtime import configure_threads  # noqa: E402
-from rlhf_mlflow.train_rl import train_rl  # noqa: E402
+from rlhf_mlflow.core import model as M  # noqa: E402
+from rlhf_mlflow.core import records as D  # noqa: E402
+from rlhf_mlflow.core import reward_model as R  # noqa: E402
+from rlhf_mlflow.core import vocab as V  # noqa: E402
+from rlhf_mlflow.core.process import configure_threads  # noqa: E402
+from rlhf_mlflow.training.evaluate import dev_eval, family_probe, first_per_family  # noqa: E402
+from rlhf_mlflow.training.recipes import CORRECTED, SEED_HISTORY  # noqa: E402
+from rlhf_mlflow.training.rl_config import load_rl_config  # noqa: E402
+from rlhf_mlflow.training.train_rl import train_rl  # noqa: E402
 from rlhf_mlflow.world import corruptions as C  # noqa: E402
 from rlhf_mlflow.world.build import ensure_world  # noqa: E402
 from rlhf_mlflow.world.oracle import Oracle  # noqa: E402
@@ -53,7 +53,7 @@ def main() -> None:
     ref = M.load_policy(j("policy"))[0]
     rm = R.load_rm(j("reward_model"))[0]
     dev, gold = D.read_jsonl(j("data", "prompts_dev.jsonl")), D.read_jsonl(j("data", "gold_calib.jsonl"))
-    probe_prompts = balanced_prompts(D.read_jsonl(j("data", "prompts_train.jsonl")))
+    probe_prompts = first_per_family(D.read_jsonl(j("data", "prompts_train.jsonl")))
     oracle = Oracle(world)
     fig: dict[str, dict] = {}
 
@@ -71,7 +71,7 @@ def main() -> None:
     for name, ov, wrapper in recipes:
         if a.steps_scale != 1.0:
             ov = dict(ov, steps=max(1, int(ov["steps"] * a.steps_scale)))
-        cfg = load_rl_config(j("configs", "default.json"), recipe_overrides(ov))
+        cfg = load_rl_config(j("configs", "default.json"), ov)
         res = train_rl(cfg, wrapper=wrapper)
         measure(name, res.policy, res.seconds)
     print_table(fig)

@@ -13,11 +13,11 @@ import time
 import torch
 import torch.nn.functional as F
 
-from rlhf_mlflow import data as D
-from rlhf_mlflow import model as M
-from rlhf_mlflow import reward_model as R
-from rlhf_mlflow import vocab as V
-from rlhf_mlflow.checkpoint import freeze
+from rlhf_mlflow.core import model as M
+from rlhf_mlflow.core import records as D
+from rlhf_mlflow.core import reward_model as R
+from rlhf_mlflow.core import vocab as V
+from rlhf_mlflow.core.checkpoint import freeze
 
 
 def _attn(attn, x, causal):

@@ -22,9 +22,9 @@ from dataclasses import asdict
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from rlhf_mlflow.runtime import configure_threads  # noqa: E402
-from rlhf_mlflow.sweep import SweepConfig, run_sweep  # noqa: E402
-from rlhf_mlflow.train_rl import RLConfig  # noqa: E402
+from rlhf_mlflow.core.process import configure_threads  # noqa: E402
+from rlhf_mlflow.steps.ray_tune import SweepConfig, run_sweep  # noqa: E402
+from rlhf_mlflow.training.rl_config import RLConfig  # noqa: E402
 from rlhf_mlflow.world.build import ensure_world  # noqa: E402
 
 RECIPES = [{"kl_coef": k} for k in (0.02, 0.05, 0.1, 0.2)]
@@ -43,7 +43,8 @@ def main() -> None:
     a = ap.parse_args()
     import mlflow
 
-    from rlhf_mlflow.tracking import sweep_runs as S
+    from rlhf_mlflow.steps import sweep_trial as S
+    from rlhf_mlflow.tracking import runs as T
     world = os.path.abspath(a.world or ensure_world("worlds", 0, None, "full", progress=print)[0])
     base = asdict(RLConfig(steps=a.steps, log_every=20).resolved(world))
     store = tempfile.mkdtemp(prefix="sweep-speed-")
@@ -56,10 +57,10 @@ def main() -> None:
 
     def context(name: str, threads: int) -> S.TrialContext:
         mlflow.set_experiment(name)
-        with S.sweep_run(name, {"benchmark": name}) as (run, experiment):
+        with T.tracked_run("sweep", {"benchmark": name}, run_name=name) as run:
             pass
-        return S.TrialContext(tracking_uri=mlflow.get_tracking_uri(), experiment_name=experiment,
-                              parent_run_id=run.info.run_id, world_dir=world, base=base, threads=threads)
+        return S.TrialContext(tracking_uri=mlflow.get_tracking_uri(), experiment_name=name,
+                              parent_run_id=run.info.run_id, world_root=world, base=base, threads=threads)
 
     ctx = context("sequential", seq_threads)
     t0 = time.perf_counter()

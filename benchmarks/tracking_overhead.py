@@ -16,8 +16,10 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from rlhf_mlflow.runtime import configure_threads  # noqa: E402
-from rlhf_mlflow.train_rl import RLConfig, train_rl  # noqa: E402
+from rlhf_mlflow.core.process import configure_threads  # noqa: E402
+from rlhf_mlflow.core.world_paths import WorldPaths  # noqa: E402
+from rlhf_mlflow.training.rl_config import RLConfig  # noqa: E402
+from rlhf_mlflow.training.train_rl import train_rl  # noqa: E402
 from rlhf_mlflow.world.build import ensure_world  # noqa: E402
 
 
@@ -33,12 +35,12 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{tmp}/mlflow.db"
         os.chdir(tmp)
-        from rlhf_mlflow.rl_run import run_train_rl
+        from rlhf_mlflow.steps.train_rl import run_train_rl
         plain, tracked_loop, tracked_total = [], [], []
         for r in range(a.repeats):
             plain.append(train_rl(cfg).seconds)
             t = time.perf_counter()
-            summary = run_train_rl(cfg, world_dir=world, run_name=f"overhead-{r}", progress=False,
+            summary = run_train_rl(cfg, world=WorldPaths.at(world), run_name=f"overhead-{r}", progress=False,
                                    echo=lambda m: None)
             tracked_total.append(time.perf_counter() - t)
             tracked_loop.append(summary["seconds"])

@@ -24,13 +24,14 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 
 from benchmarks import seed_loop  # noqa: E402
-from rlhf_mlflow import data as D  # noqa: E402
-from rlhf_mlflow import model as M  # noqa: E402
-from rlhf_mlflow import partner  # noqa: E402
-from rlhf_mlflow import reward_model as R  # noqa: E402
-from rlhf_mlflow.evaluate import dev_eval  # noqa: E402
-from rlhf_mlflow.runtime import configure_threads  # noqa: E402
-from rlhf_mlflow.train_rl import RLConfig, train_rl  # noqa: E402
+from rlhf_mlflow.core import model as M  # noqa: E402
+from rlhf_mlflow.core import records as D  # noqa: E402
+from rlhf_mlflow.core import reward_model as R  # noqa: E402
+from rlhf_mlflow.core.process import configure_threads  # noqa: E402
+from rlhf_mlflow.training import two_process_step as partner  # noqa: E402
+from rlhf_mlflow.training.evaluate import dev_eval  # noqa: E402
+from rlhf_mlflow.training.rl_config import RLConfig  # noqa: E402
+from rlhf_mlflow.training.train_rl import train_rl  # noqa: E402
 from rlhf_mlflow.world.build import build_world, ensure_world  # noqa: E402
 
 PHASES = ("sample", "score", "backward")
@@ -86,13 +87,13 @@ def other_steps(world: str) -> dict[str, float | None]:
     dev, gold = D.read_jsonl(j("data", "prompts_dev.jsonl")), D.read_jsonl(j("data", "gold_calib.jsonl"))
     out: dict[str, float | None] = {"dev_eval": timed(lambda: dev_eval(policy, ref, rm, dev, gold))}
     try:
-        from rlhf_mlflow.diagnostic import run_diagnostic
+        from rlhf_mlflow.decisions.diagnostic import run_diagnostic
         out["diagnostic"] = timed(lambda: run_diagnostic(j("reward_model"), j("policy"),
                                                          j("data", "prompts_train.jsonl")))
     except ImportError:
         out["diagnostic"] = None
     try:
-        from rlhf_mlflow.certify import certify
+        from rlhf_mlflow.decisions.certify import certify
         out["certify"] = timed(lambda: certify(j("policy"), j("policy"), j("data", "gold_calib.jsonl"),
                                                rm_dir=j("reward_model")))
     except ImportError:

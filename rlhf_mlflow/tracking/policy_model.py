@@ -21,15 +21,16 @@ MODEL_CODE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "policy_py
 def generate(policy, frame: pd.DataFrame, temperature: float = 1.0, seed: int = 0) -> pd.DataFrame:
     import torch
 
-    from rlhf_mlflow import data as D
-    from rlhf_mlflow import model as M
-    from rlhf_mlflow import vocab as V
+    from rlhf_mlflow.core import model as M
+    from rlhf_mlflow.core import records as D
+    from rlhf_mlflow.core import rollout
+    from rlhf_mlflow.core import vocab as V
     records = [{"id": str(r["id"]), "family": r["family"], "attrs": [int(a) for a in r["attrs"]]}
                for r in frame.to_dict("records")]
     for i, r in enumerate(records):
         D.check_record(r, f"model input row {i}", None)
     prompts = D.prompts_tensor(records)
-    responses = M.sample(policy, prompts, 1, float(temperature), torch.Generator().manual_seed(int(seed)))
+    responses = rollout.sample(policy, prompts, 1, float(temperature), torch.Generator().manual_seed(int(seed)))
     logprobs = M.sequence_logprobs(policy, prompts, responses)
     return pd.DataFrame({"id": [r["id"] for r in records], "family": [r["family"] for r in records],
                          "response": [" ".join(V.decode_response(y)) for y in responses.tolist()],
@@ -39,7 +40,7 @@ def generate(policy, frame: pd.DataFrame, temperature: float = 1.0, seed: int = 
 def log_policy(policy_dir: str, registered: bool = True, tags: dict | None = None):
     """Log a policy checkpoint as a pyfunc model in the active run; register it as a new version of
     `rlhf-policy` when `registered`. Returns (ModelInfo, ModelVersion or None)."""
-    from rlhf_mlflow import model as M
+    from rlhf_mlflow.core import model as M
     policy, _ = M.load_policy(policy_dir)
     example = pd.DataFrame({"id": ["ex-0", "ex-1"], "family": ["anvil", "dune"], "attrs": [[0, 1, 2, 3], [7, 6, 5, 4]]})
     signature = infer_signature(example, generate(policy, example), params={"temperature": 1.0, "seed": 0})
@@ -63,7 +64,7 @@ def resolve_policy(policy: str) -> tuple[str, str | None]:
     directory, the LoggedModel id or None)."""
     if "://" not in policy and not policy.startswith("models:/"):
         return policy, None
-    from rlhf_mlflow.errors import InputError
+    from rlhf_mlflow.core.errors import InputError
     try:
         info = mlflow.models.get_model_info(policy)
         local = mlflow.artifacts.download_artifacts(policy)

@@ -9,7 +9,7 @@ class PolicyModel(mlflow.pyfunc.PythonModel):
     """predict(DataFrame[id, family, attrs]) -> DataFrame[id, family, response, logprob]."""
 
     def load_context(self, context):
-        from rlhf_mlflow import model as M
+        from rlhf_mlflow.core import model as M
         self.policy, _ = M.load_policy(context.artifacts["policy"])
 
     def predict(self, context, model_input: pd.DataFrame, params: dict | None = None) -> pd.DataFrame:

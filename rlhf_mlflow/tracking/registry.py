@@ -18,8 +18,8 @@ import tempfile
 
 import mlflow
 
-from ..errors import InputError
-from .policy_model import REGISTERED_MODEL
+from rlhf_mlflow.core.errors import InputError
+from rlhf_mlflow.tracking.policy_model import REGISTERED_MODEL
 
 CHAMPION = "champion"
 CERT_ARTIFACT = "certification.json"
@@ -179,6 +179,6 @@ def move_champion(version: str | int, name: str = REGISTERED_MODEL) -> None:
 
 def download_policy(version: str | int, name: str = REGISTERED_MODEL) -> tuple[str, str]:
     """(local checkpoint directory, LoggedModel id) of a registered policy version."""
-    from .policy_model import resolve_policy
+    from rlhf_mlflow.tracking.policy_model import resolve_policy
     return resolve_policy(version_uri(version, name))
 

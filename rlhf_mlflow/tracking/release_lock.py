@@ -21,8 +21,8 @@ import uuid
 import mlflow
 from mlflow.exceptions import MlflowException
 
-from ..errors import GateError
-from .runs import process_state, process_tags
+from rlhf_mlflow.core.errors import GateError
+from rlhf_mlflow.tracking.runs import process_state, process_tags
 
 log = logging.getLogger(__name__)
 SUFFIX = ".release-lock"

@@ -13,7 +13,7 @@ from contextlib import contextmanager
 
 import mlflow
 
-from ..errors import InputError
+from rlhf_mlflow.core.errors import InputError
 
 # A progress bar per tiny artifact download and a warning per logged dataset input drown the steps'
 # own output (main downloads dozens); a user's own setting wins.
@@ -155,8 +155,12 @@ def stored_steps(run_id: str) -> dict[str, int]:
     return {k: max(m.step for m in client.get_metric_history(run_id, k)) for k in keys}
 
 
+MAX_TAG = 5000
+
+
 def set_tags(tags: dict) -> None:
-    mlflow.set_tags({k: str(v) for k, v in tags.items()})
+    """Tags of the active run; long values are cut to what every store accepts."""
+    mlflow.set_tags({k: str(v)[:MAX_TAG] for k, v in tags.items()})
 
 
 def log_metrics(metrics: dict, step: int | None = None, model_id: str | None = None) -> None:
@@ -205,8 +209,34 @@ def log_figure(fig, name: str) -> None:
     plt.close(fig)
 
 
+def log_table(frame, name: str) -> None:
+    """A pandas frame as an MLflow table artifact (missing values as nulls)."""
+    mlflow.log_table(frame.astype(object).where(frame.notna(), None), name)
+
+
 def log_text(text: str, name: str) -> None:
     mlflow.log_text(text, name)
+
+
+def log_prompt_files(paths: set[str], context: str = "training") -> None:
+    """Log each prompt file as a dataset input of the active run. Before workers start: MLflow inserts a
+    dataset row the first time a run of the experiment logs it, without a lock, so workers logging the
+    same new file at once collide on its unique key (seen on sqlite); one that exists is only linked."""
+    from rlhf_mlflow.core.records import read_jsonl
+    for path in sorted(paths):
+        log_records_input(read_jsonl(path), path, context)
+
+
+@contextmanager
+def reopened_run(run_id: str) -> Iterator[mlflow.ActiveRun]:
+    """Reopen a finished run to add to it; FAILED (and re-raised) if the body raises."""
+    run = mlflow.start_run(run_id=run_id)
+    try:
+        yield run
+    except BaseException:
+        _end("FAILED")
+        raise
+    _end("FINISHED")
 
 
 def get_run(run_id: str):

@@ -17,25 +17,28 @@ from dataclasses import asdict, dataclass, field, replace
 import numpy as np
 import torch
 
-from .. import data as D
-from .. import model as M
-from .. import reward_model as R
-from .. import vocab as V
-from ..errors import InputError
-from ..files import atomic_dir
-from ..train_rm import RMConfig, train_rm
-from . import corruptions as C
-from .reference import confusion_tables, demonstrations, demonstrator_distribution, train_sft
-from .truth import Truth
+from rlhf_mlflow.core import model as M
+from rlhf_mlflow.core import records as D
+from rlhf_mlflow.core import reward_model as R
+from rlhf_mlflow.core import rollout
+from rlhf_mlflow.core import vocab as V
+from rlhf_mlflow.core.errors import InputError
+from rlhf_mlflow.core.files import atomic_dir, atomic_write_json, atomic_write_text
+from rlhf_mlflow.core.vocab import PILOT_MIX
+from rlhf_mlflow.core.world_paths import WorldPaths
+from rlhf_mlflow.training.rl_config import RLConfig
+from rlhf_mlflow.training.train_rm import RMConfig, train_rm
+from rlhf_mlflow.world import corruptions as C
+from rlhf_mlflow.world.reference import (
+    confusion_tables,
+    demonstrations,
+    demonstrator_distribution,
+    train_sft,
+)
+from rlhf_mlflow.world.truth import Truth
 
 log = logging.getLogger(__name__)
 BUILDER_VERSION = "2"
-PILOT_MIX = {"anvil": 444, "birch": 458, "cobalt": 433, "dune": 48, "ember": 195, "fjord": 422}
-DEFAULT_RL = {"policy_init": None, "policy_ref": "policy", "reward_model": "reward_model",
-              "prompt_file": "data/prompts_train.jsonl", "family_weights": None, "kl_coef": 0.1, "steps": 800,
-              "batch_prompts": 16, "samples_per_prompt": 8, "lr": 3e-4, "temperature": 1.0, "seed": 0,
-              "log_every": 20, "save_every": 0, "reward_wrapper": None, "max_grad_norm": 1.0}
-
 
 @dataclass(frozen=True)
 class WorldConfig:
@@ -119,67 +122,76 @@ def build_world(out_dir: str, seed: int = 0, spec: list[dict] | None = None, sca
     cfg = replace(SCALES[scale], seed=seed, **overrides)
     say = progress or (lambda msg: log.info(msg))
     t0 = time.perf_counter()
-    timings = {}
     rng = np.random.default_rng(cfg.seed)
     gen = torch.Generator().manual_seed(cfg.seed)
     torch.manual_seed(cfg.seed)
     truth = Truth.generate(rng, cfg.shared_table)
     confusions = confusion_tables(rng)
     with atomic_dir(out_dir) as tmp:
+        world = WorldPaths(tmp)
         say("training the reference policy on noisy demonstrations")
-        fam, attrs = _prompts(rng, {f: cfg.n_demo for f in V.FAMILIES})
-        dist = demonstrator_distribution(truth, confusions, fam, attrs, cfg.demo_noise, cfg.demo_confusion)
-        demo = torch.from_numpy(demonstrations(dist, rng)).long() + V.CONTENT_LO
-        policy = train_sft(_prompt_ids(fam, attrs), demo, torch.from_numpy(dist), cfg.sft_epochs, cfg.sft_lr,
-                           512, cfg.seed)
-        M.save_policy(policy, M.default_config(), os.path.join(tmp, "policy"))
-        timings["sft_s"] = time.perf_counter() - t0
-
+        policy = _reference_policy(world, cfg, truth, confusions, rng)
+        timings = {"sft_s": time.perf_counter() - t0}
         say("writing prompt pools")
-        fam, attrs = _prompts(rng, {f: cfg.n_train for f in V.FAMILIES})
-        D.write_jsonl(os.path.join(tmp, "data", "prompts_train.jsonl"), _records("train", fam, attrs))
-        fam, attrs = _prompts(rng, cfg.dev_mix)
-        D.write_jsonl(os.path.join(tmp, "data", "prompts_dev.jsonl"),
-                      _records("dev", fam, attrs, order=rng.permutation(len(fam))))
-
+        _prompt_pools(world, cfg, rng)
         say("annotating: crowd batch (with corruptions) and expert gold set")
-        fam, attrs = _prompts(rng, {f: cfg.n_crowd for f in V.FAMILIES})
-        prompts = _prompt_ids(fam, attrs)
-        responses = M.sample(policy, prompts, 1, cfg.crowd_temperature, gen)
-        labels = (truth.quality(prompts, responses) + cfg.crowd_noise * torch.randn(len(fam), generator=gen)
-                  + C.bonus(spec, prompts, responses))
-        order = rng.permutation(len(fam))
-        crowd = _records("ann", fam, attrs, responses, labels, order=order)
-        qa = [r for f in V.FAMILIES for r in [c for c in crowd if c["family"] == f][:cfg.n_qa]]
-        rng.shuffle(qa)
-        D.write_jsonl(os.path.join(tmp, "secret", "crowd_full.jsonl"), crowd)
-        fam, attrs = _prompts(rng, {f: cfg.n_gold for f in V.FAMILIES})
-        prompts = _prompt_ids(fam, attrs)
-        responses = M.sample(policy, prompts, 1, 1.0, gen)
-        labels = truth.quality(prompts, responses) + cfg.gold_noise * torch.randn(len(fam), generator=gen)
-        D.write_jsonl(os.path.join(tmp, "data", "gold_calib.jsonl"),
-                      _records("gold", fam, attrs, responses, labels, order=rng.permutation(len(fam))))
-
+        crowd = _annotate(world, cfg, spec, truth, policy, rng, gen)
         say(f"training the reward model on {len(crowd)} crowd labels ({cfg.rm.epochs} epochs)")
         t_rm = time.perf_counter()
         rm, info = train_rm(crowd, cfg.rm)
         timings["rm_s"] = time.perf_counter() - t_rm
-        R.save_rm(rm, info["config"], os.path.join(tmp, "reward_model"))
-        D.write_jsonl(os.path.join(tmp, "reward_model", "train.jsonl"), qa)
-
-        os.makedirs(os.path.join(tmp, "configs"))
-        with open(os.path.join(tmp, "configs", "default.json"), "w") as f:
-            json.dump(DEFAULT_RL, f, indent=1)
-        with open(os.path.join(tmp, "secret", "truth.json"), "w") as f:
-            json.dump({"truth": truth.to_json(), "spec": spec, "confusions": confusions.tolist()}, f)
+        R.save_rm(rm, info["config"], world.reward_model)
+        atomic_write_json(world.config, asdict(RLConfig()))
+        atomic_write_text(os.path.join(tmp, "secret", "truth.json"),
+                          json.dumps({"truth": truth.to_json(), "spec": spec, "confusions": confusions.tolist()}))
         timings["total_s"] = time.perf_counter() - t0
         manifest = {"world_hash": world_hash(cfg, spec), "builder_version": BUILDER_VERSION, "seed": cfg.seed,
                     "scale": scale, "spec": spec, "config": asdict(cfg), "timings": timings,
                     "files": _file_hashes(tmp)}
-        with open(os.path.join(tmp, "manifest.json"), "w") as f:
-            json.dump(manifest, f, indent=1)
+        atomic_write_json(world.path("manifest"), manifest)
     say(f"world {manifest['world_hash']} built in {timings['total_s']:.0f}s at {out_dir}")
     return manifest
+
+
+def _reference_policy(world: WorldPaths, cfg: WorldConfig, truth: Truth, confusions: np.ndarray,
+                      rng: np.random.Generator) -> M.Policy:
+    """SFT on noisy demonstrations; saved as the world's policy/."""
+    fam, attrs = _prompts(rng, {f: cfg.n_demo for f in V.FAMILIES})
+    dist = demonstrator_distribution(truth, confusions, fam, attrs, cfg.demo_noise, cfg.demo_confusion)
+    demo = torch.from_numpy(demonstrations(dist, rng)).long() + V.CONTENT_LO
+    policy = train_sft(_prompt_ids(fam, attrs), demo, torch.from_numpy(dist), cfg.sft_epochs, cfg.sft_lr,
+                       512, cfg.seed)
+    M.save_policy(policy, M.default_config(), world.policy)
+    return policy
+
+
+def _prompt_pools(world: WorldPaths, cfg: WorldConfig, rng: np.random.Generator) -> None:
+    fam, attrs = _prompts(rng, {f: cfg.n_train for f in V.FAMILIES})
+    D.write_jsonl(world.prompts_train, _records("train", fam, attrs))
+    fam, attrs = _prompts(rng, cfg.dev_mix)
+    D.write_jsonl(world.prompts_dev, _records("dev", fam, attrs, order=rng.permutation(len(fam))))
+
+
+def _annotate(world: WorldPaths, cfg: WorldConfig, spec: list[dict], truth: Truth, policy: M.Policy,
+              rng: np.random.Generator, gen: torch.Generator) -> list[dict]:
+    """The crowd batch (truth + noise + corruptions; the full batch secret, its QA sample shipped with
+    the reward model) and the expert set (truth + small noise). Returns the crowd batch."""
+    fam, attrs = _prompts(rng, {f: cfg.n_crowd for f in V.FAMILIES})
+    prompts = _prompt_ids(fam, attrs)
+    responses = rollout.sample(policy, prompts, 1, cfg.crowd_temperature, gen)
+    labels = (truth.quality(prompts, responses) + cfg.crowd_noise * torch.randn(len(fam), generator=gen)
+              + C.bonus(spec, prompts, responses))
+    crowd = _records("ann", fam, attrs, responses, labels, order=rng.permutation(len(fam)))
+    qa = [r for f in V.FAMILIES for r in [c for c in crowd if c["family"] == f][:cfg.n_qa]]
+    rng.shuffle(qa)
+    D.write_jsonl(os.path.join(world.root, "secret", "crowd_full.jsonl"), crowd)
+    fam, attrs = _prompts(rng, {f: cfg.n_gold for f in V.FAMILIES})
+    prompts = _prompt_ids(fam, attrs)
+    responses = rollout.sample(policy, prompts, 1, 1.0, gen)
+    labels = truth.quality(prompts, responses) + cfg.gold_noise * torch.randn(len(fam), generator=gen)
+    D.write_jsonl(world.expert_set, _records("gold", fam, attrs, responses, labels, order=rng.permutation(len(fam))))
+    D.write_jsonl(world.qa, qa)
+    return crowd
 
 
 def _file_hashes(root: str) -> dict[str, str]:

@@ -9,13 +9,14 @@ import os
 
 import torch
 
-from .. import data as D
-from .. import model as M
-from ..errors import InputError
-from ..family_stats import family_of
-from ..files import atomic_write_text
-from .. import vocab as V
-from .truth import Truth
+from rlhf_mlflow.core import model as M
+from rlhf_mlflow.core import records as D
+from rlhf_mlflow.core import rollout
+from rlhf_mlflow.core import vocab as V
+from rlhf_mlflow.core.errors import InputError
+from rlhf_mlflow.core.files import atomic_write_text
+from rlhf_mlflow.training.family_stats import family_of
+from rlhf_mlflow.world.truth import Truth
 
 
 class Oracle:
@@ -41,7 +42,7 @@ class Oracle:
         """True quality of a policy's samples: `truth/<family>` and `truth/balanced`."""
         g = torch.Generator().manual_seed(seed)
         prompts = D.prompts_tensor(prompt_records)
-        responses = M.sample(policy, prompts, n, temperature, g)
+        responses = rollout.sample(policy, prompts, n, temperature, g)
         prompts_rep = prompts.repeat_interleave(n, 0)
         q = self.true_quality(prompts_rep, responses)
         fam = family_of(prompts_rep)

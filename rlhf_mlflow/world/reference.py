@@ -6,9 +6,9 @@ import logging
 import numpy as np
 import torch
 
-from .. import model as M
-from .. import vocab as V
-from .truth import Truth
+from rlhf_mlflow.core import model as M
+from rlhf_mlflow.core import vocab as V
+from rlhf_mlflow.world.truth import Truth
 
 log = logging.getLogger(__name__)
 

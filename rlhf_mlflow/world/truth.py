@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .. import vocab as V
+from rlhf_mlflow.core import vocab as V
 
 
 @dataclass(frozen=True)

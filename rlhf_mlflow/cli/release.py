@@ -1,0 +1,103 @@
+"""`rlhf-mlflow certify | release | grade | main`: certification, guarded release, the oracle's grade
+and the whole story."""
+from __future__ import annotations
+
+import os
+import time
+
+import click
+
+from rlhf_mlflow.cli.options import (
+    echo_err,
+    echo_json,
+    guardrail_overrides,
+    resolve_world,
+    world_option,
+)
+from rlhf_mlflow.core.errors import InputError
+from rlhf_mlflow.core.files import check_writable
+
+
+@click.command("certify")
+@click.option("--model-version", default=None, help="Registered rlhf-policy version to certify.")
+@click.option("--policy", default=None, help="Or a policy checkpoint directory (no registry link).")
+@click.option("--world", default=None, help="Fixture directory that fills the inputs below (default: the default world).")
+@click.option("--reference", default=None, help="Reference policy directory (default: <world>/policy).")
+@click.option("--gold", default=None, help="Expert set JSONL (default: <world>/data/gold_calib.jsonl).")
+@click.option("--rm-dir", default=None, help="Reward model for the doubly-robust estimate (default: <world>/reward_model).")
+@click.option("--correction", default=None, help="Reward wrapper applied to the reward model's scores.")
+@click.option("--diagnostic", default=None, help="Diagnostic evidence JSON: flagged shortcuts' counts are reported.")
+@click.option("--pilot-prompts", default=None,
+              help="Prompt file whose family mix defines `pilot` (default: <world>/data/prompts_dev.jsonl).")
+@click.option("--min-ess", type=float, default=10.0, show_default=True, help="Refuse families with fewer effective expert samples.")
+@click.option("--max-khat", type=float, default=0.7, show_default=True, help="Refuse families whose weight tail k-hat is above this.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the policy samples and bootstrap.")
+@click.option("--out", default=None, help="Also write the certification JSON here.")
+def certify_cmd(model_version, policy, world, reference, gold, rm_dir, correction, diagnostic, pilot_prompts,
+                min_ess, max_khat, seed, out):
+    """Certify a policy's true quality per family from the expert set, as an MLflow run."""
+    from rlhf_mlflow.decisions.certify import CertifyConfig
+    from rlhf_mlflow.steps.certify import run_certify
+    if out:
+        check_writable(out)
+    paths = None if (reference and gold) else resolve_world(world)
+    res = run_certify(version=model_version, policy=policy, world=paths, reference=reference, gold=gold,
+                      rm_dir=rm_dir, correction=correction, diagnostic=diagnostic, pilot_prompts=pilot_prompts,
+                      cfg=CertifyConfig(min_ess=min_ess, max_khat=max_khat, seed=seed), echo=echo_err, out=out)
+    echo_json({"run_id": res["run_id"], "balanced": res["report"]["balanced"]})
+
+
+@click.command("release")
+@click.option("--model-version", required=True, help="The rlhf-policy version to release.")
+@click.option("--certification-run", default=None,
+              help="Certify run to use (default: the version's certification.run_id tag); must certify this version.")
+@click.option("--guardrails", default=None,
+              help="Comma-separated key=value overrides of guardrail thresholds, e.g. 'max_family_kl=4,min_ess=20'.")
+@click.option("--guardrail", "guardrail", multiple=True,
+              help="One key=value guardrail threshold, repeatable (the spelling `sweep` takes).")
+@click.option("--lock-wait", type=click.FloatRange(0), default=600.0, show_default=True,
+              help="Seconds to wait for another release of the model to finish (releases decide one at a time).")
+def release_cmd(model_version, certification_run, guardrails, guardrail, lock_wait):
+    """Promote a version to `champion` only if every guardrail passes; tag the version with each result."""
+    from rlhf_mlflow.steps.release import run_release
+    res = run_release(model_version, certification_run, guardrail_overrides(guardrails, guardrail), echo=echo_err,
+                      lock_wait=lock_wait)
+    echo_json({"decision": res["decision"], "run_id": res["run_id"],
+               "guardrails": {k: {"pass": ok, "reason": why} for k, (ok, why) in res["guardrails"].items()}})
+
+
+@click.command("grade")
+@click.option("--model-version", required=True, help="The rlhf-policy version to grade.")
+@click.option("--world", default=None, help="Synthetic world whose oracle grades it (default: the default world).")
+@click.option("--n", type=click.IntRange(1), default=4, show_default=True, help="Samples per prompt.")
+def grade_cmd(model_version, world, n):
+    """The oracle's true quality per family (synthetic worlds only), logged as truth/<family>."""
+    from rlhf_mlflow.steps.grade import run_grade
+    echo_json(run_grade(model_version, resolve_world(world), n, echo=echo_err)["truth"])
+
+
+@click.command("main")
+@world_option
+@click.option("--steps-scale", type=float, default=1.0, show_default=True,
+              help="Multiply every recipe's steps (for a quick look).")
+@click.option("--out", default="outputs/main", show_default=True,
+              help="Directory for the diagnostic evidence, the correction and the ceiling checkpoint.")
+def main_cmd(world, steps_scale, out):
+    """The whole story: history, diagnostic, correction, candidates, certify, release, grade, summary."""
+    from rlhf_mlflow.steps.main import run_main
+    from rlhf_mlflow.steps.reports import markdown_table
+    t0 = time.perf_counter()
+    check_writable(out, "--out", directory=True)
+    paths = resolve_world(world)
+    if steps_scale <= 0:
+        raise InputError(f"--steps-scale must be > 0, got {steps_scale}")
+    table = run_main(paths, os.path.abspath(out), steps_scale, echo=echo_err)
+    click.echo(markdown_table(table))
+    c = table.attrs.get("ceiling")
+    if c:
+        click.echo(f"champion truth {c['champion_truth_balanced']:.3f} = {c['fraction']:.0%} of the "
+                   f"{c['recipe']} recipe on the true reward ({c['ceiling_truth_balanced']:.3f})")
+    click.echo(f"main finished in {time.perf_counter() - t0:.0f} s")
+
+
+COMMANDS = (certify_cmd, release_cmd, grade_cmd, main_cmd)

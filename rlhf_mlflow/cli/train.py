@@ -1,0 +1,100 @@
+"""`rlhf-mlflow train-rl | train-rm | bon | replay-history`: training commands."""
+from __future__ import annotations
+
+import os
+
+import click
+
+from rlhf_mlflow.cli.options import (
+    echo_err,
+    echo_json,
+    given,
+    resolve_world,
+    rl_config,
+    rl_options,
+    world_for_config,
+    world_option,
+)
+
+
+@click.command("train-rl")
+@world_option
+@click.option("--config", "config_path", default=None, help="JSON recipe (default: <world>/configs/default.json).")
+@click.option("--override", "overrides", multiple=True, help="key=value, repeatable; value parsed as JSON.")
+@rl_options
+@click.option("--out", default=None, help="Also write the checkpoint, run_config.json and log.jsonl here "
+              "(an empty directory, or one this run's marker .rlhf_run.json claims).")
+@click.option("--overwrite", type=click.BOOL, is_flag=False, flag_value=True, default=False, show_default=True,
+              help="Delete what --out holds first (another run's files); `--overwrite` alone or "
+              "`--overwrite true|false` (as `mlflow run -P overwrite=true` passes it).")
+@click.option("--run-name", default=None, help="MLflow run name (default: kl<kl_coef>-s<steps>).")
+@click.option("--register/--no-register", default=True, show_default=True,
+              help="Register the final policy as a new version of rlhf-policy.")
+@click.option("--resume", "resume_run", default=None, metavar="RUN_ID",
+              help="Continue this train_rl run that died, from its last checkpoint, in the same MLflow run.")
+@click.pass_context
+def train_rl_cmd(ctx, world, config_path, overrides, out, overwrite, run_name, register, resume_run, **options):
+    """KL-regularised REINFORCE against a reward model, as an MLflow run."""
+    from rlhf_mlflow.core.files import check_run_dir
+    from rlhf_mlflow.steps.train_rl import resume_train_rl, run_train_rl
+    if resume_run:
+        extra = given(ctx, ("world", "config_path", "overrides", "run_name", "overwrite", *options))
+        if extra:
+            raise click.UsageError(f"--resume continues the run with its own config; drop {', '.join(extra)}")
+        if out:
+            check_run_dir(out, run_id=resume_run)
+        echo_json(resume_train_rl(resume_run, out=out, register=register, echo=echo_err))
+        return
+    if out:  # before the default world is built; run_train_rl checks again with the resolved inputs
+        check_run_dir(out, overwrite=overwrite)
+    paths = world_for_config(world, config_path)
+    cfg = rl_config(ctx, paths, config_path, overrides, options)
+    echo_json(run_train_rl(cfg, world=paths, out=out, run_name=run_name, register=register, echo=echo_err,
+                           overwrite=overwrite))
+
+
+@click.command("train-rm")
+@click.option("--data", required=True, help="Labelled records JSONL (response + label).")
+@click.option("--out", required=True, help="Output directory for rm.safetensors + config.json.")
+@click.option("--epochs", type=int, default=40, show_default=True)
+@click.option("--lr", type=float, default=2e-3, show_default=True)
+@click.option("--batch-size", type=int, default=128, show_default=True)
+@click.option("--lr-schedule", type=click.Choice(["constant", "cosine"]), default="constant", show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--gold", default=None, help="Expert gold JSONL: also report per-family agreement with it.")
+def train_rm_cmd(data, out, epochs, lr, batch_size, lr_schedule, seed, gold):
+    """Train a reward model on labelled records (MSE), as an MLflow run."""
+    from rlhf_mlflow.steps.train_rm import run_train_rm
+    from rlhf_mlflow.training.train_rm import RMConfig
+    cfg = RMConfig(epochs=epochs, lr=lr, batch_size=batch_size, lr_schedule=lr_schedule, seed=seed)
+    fit = run_train_rm(data, out, cfg, gold, echo=echo_err)
+    echo_json({"out": os.path.abspath(out), "fit": fit})
+
+
+@click.command("bon")
+@click.option("--policy", required=True, help="Policy checkpoint directory.")
+@click.option("--reward-model", required=True, help="Reward-model directory.")
+@click.option("--prompts", required=True, help="Prompts JSONL.")
+@click.option("--n", type=click.IntRange(1), default=32, show_default=True, help="Samples per prompt.")
+@click.option("--limit", type=click.IntRange(1), default=None, help="Use only the first LIMIT prompts.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--out", default=None, help="Write the chosen samples here (JSONL).")
+def bon_cmd(policy, reward_model, prompts, n, limit, seed, out):
+    """Best-of-N selection against a reward model, as an MLflow run."""
+    from rlhf_mlflow.steps.bon import run_bon
+    echo_json(run_bon(policy, reward_model, prompts, n, limit, seed, out))
+
+
+@click.command("replay-history")
+@world_option
+@click.option("--steps-scale", type=float, default=1.0, show_default=True,
+              help="Multiply each recipe's steps (for a quick look).")
+@click.option("--only", multiple=True, help="Replay only these runs (repeatable).")
+def replay_history_cmd(world, steps_scale, only):
+    """Train the seed's five historical runs and log them with the seed's notes as descriptions."""
+    from rlhf_mlflow.steps.replay_history import check_names, run_replay_history
+    check_names(only)  # before the default world is built
+    echo_json(run_replay_history(resolve_world(world), steps_scale, only, echo=echo_err))
+
+
+COMMANDS = (train_rl_cmd, train_rm_cmd, bon_cmd, replay_history_cmd)

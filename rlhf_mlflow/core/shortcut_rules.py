@@ -1,0 +1,111 @@
+"""Shortcut rules: response features paid for by something other than correctness. One schema serves
+the world's corruption spec, the diagnostic's evidence, the reward correction and the
+marker-collapse guardrail:
+
+  {"family": F, "kind": "token", "token": T}                              per occurrence of T
+  {"family": F, "kind": "pair", "tokens": [T1, T2]}                       per adjacent T1 T2
+  {"family": F, "kind": "conditional", "token": T, "attr": i, "value": v} per T when attrs[i] == v
+
+plus `bonus` (a number, may be negative) where one is paid.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from rlhf_mlflow.core import vocab as V
+from rlhf_mlflow.core.errors import InputError
+
+KINDS = {"token": ("token",), "pair": ("tokens",), "conditional": ("token", "attr", "value")}
+FLAG_RISK = 0.5  # a diagnostic candidate at or above this risk is a flagged shortcut
+
+
+def validate(rules, where: str = "rules", bonus: bool = True) -> list[dict]:
+    """The rules, or InputError naming the first bad one (`where[i]`), its key and the valid values."""
+    if not isinstance(rules, list):
+        raise InputError(f"{where}: expected a JSON list of rules, got {type(rules).__name__}")
+    for i, rule in enumerate(rules):
+        _validate_rule(rule, f"{where}[{i}]", bonus)
+    return rules
+
+
+def _validate_rule(rule, at: str, bonus: bool) -> None:
+    if not isinstance(rule, dict):
+        raise InputError(f"{at}: each rule is a JSON object")
+    kind = rule.get("kind")
+    if kind not in KINDS:
+        raise InputError(f"{at}: unknown kind {kind!r}; valid kinds are {sorted(KINDS)}")
+    needed = ("family",) + (("bonus",) if bonus else ()) + KINDS[kind]
+    missing = [k for k in needed if k not in rule]
+    if missing:
+        raise InputError(f"{at}: a {kind!r} rule needs keys {missing}")
+    extra = set(rule) - {"family", "kind", "bonus"} - set(KINDS[kind])
+    if extra:
+        raise InputError(f"{at}: unknown keys {sorted(extra)} for kind {kind!r}")
+    if rule["family"] not in V.FAMILIES:
+        raise InputError(f"{at}: unknown family {rule['family']!r}; valid families are {V.FAMILIES}")
+    toks = rule["tokens"] if kind == "pair" else [rule["token"]]
+    if kind == "pair" and (not isinstance(toks, list) or len(toks) != 2):
+        raise InputError(f"{at}: 'tokens' must be a list of two tokens")
+    for t in toks:
+        if t not in V.CONTENT:
+            raise InputError(f"{at}: unknown token {t!r}; valid tokens are {V.CONTENT}")
+    if kind == "conditional":
+        if rule["attr"] not in range(V.N_ATTR):
+            raise InputError(f"{at}: 'attr' must be an integer in 0..{V.N_ATTR - 1}")
+        if rule["value"] not in range(V.N_VAL):
+            raise InputError(f"{at}: 'value' must be an integer in 0..{V.N_VAL - 1}")
+    b = rule.get("bonus", 0.0)
+    if not isinstance(b, (int, float)) or isinstance(b, bool) or not math.isfinite(b):
+        raise InputError(f"{at}: 'bonus' must be a finite number")
+
+
+def feature(candidate: dict, family: str) -> dict:
+    """The rule (no bonus) of a feature described by `candidate` (a diagnostic evidence row)."""
+    return {"family": family, "kind": candidate["kind"], **{k: candidate[k] for k in KINDS[candidate["kind"]]}}
+
+
+def flagged(diagnostic: dict | None) -> list[dict]:
+    """Every flagged family's flagged features (evidence at or above FLAG_RISK), as rules."""
+    out = []
+    for family, res in (diagnostic or {}).get("families", {}).items():
+        if res.get("flag"):
+            out += [feature(c, family) for c in res.get("evidence", [])
+                    if c.get("risk", 0) >= FLAG_RISK and c.get("kind") in KINDS]
+    return out
+
+
+def count(rule: dict, record: dict, tokens: list[str]) -> int:
+    """How often the rule's feature occurs in one response (tokens) to one prompt record."""
+    if record["family"] != rule["family"]:
+        return 0
+    if rule["kind"] == "pair":
+        a, b = rule["tokens"]
+        return sum(1 for x, y in zip(tokens, tokens[1:]) if x == a and y == b)
+    if rule["kind"] == "conditional" and record["attrs"][rule["attr"]] != rule["value"]:
+        return 0
+    return tokens.count(rule["token"])
+
+
+def counts(rule: dict, prompts: torch.Tensor, responses: torch.Tensor) -> torch.Tensor:
+    """count() for token ids: prompts (N, P), responses (N, L) -> (N,) occurrences."""
+    in_family = prompts[:, 0] == V.FAM_ID[rule["family"]]
+    if rule["kind"] == "pair":
+        a, b = (V.TOK2ID[t] for t in rule["tokens"])
+        n = ((responses[:, :-1] == a) & (responses[:, 1:] == b)).sum(-1)
+    else:
+        n = (responses == V.TOK2ID[rule["token"]]).sum(-1)
+        if rule["kind"] == "conditional":
+            attrs = prompts[:, 1:1 + V.N_ATTR] - V.VAL_ID[0]
+            in_family = in_family & (attrs[:, rule["attr"]] == rule["value"])
+    return n * in_family
+
+
+def describe(rule: dict) -> str:
+    """`pa`, `ba+da` (a pair) or `he|a2=3` (a conditional token)."""
+    if rule["kind"] == "pair":
+        return "+".join(rule["tokens"])
+    if rule["kind"] == "conditional":
+        return f"{rule['token']}|a{rule['attr']}={rule['value']}"
+    return rule["token"]

@@ -1,0 +1,276 @@
+"""Certification: the true quality of a policy per prompt family, estimated off-policy from the small
+expert set (labelled samples of the reference policy), with intervals, and refused where the
+evidence cannot carry a number.
+
+Per family, with n expert rows (x_i, y_i, label_i) drawn from the reference:
+  - exact sequence importance weights w_i = pi(y_i|x_i) / pi_ref(y_i|x_i);
+  - SNIPS, Kish ESS, the largest weight's share and the PSIS tail shape k-hat;
+  - a direct estimate: the reward model (with the diagnostic's correction, when given) calibrated
+    to the expert labels by least squares, averaged over the policy's own samples on the same
+    prompts;
+  - the doubly-robust estimate: direct + importance-weighted calibration residuals. This is the
+    certified number; its 90% interval is a seeded bootstrap over the expert rows (prompts, labels
+    and calibration refit together), paired with the reference's mean for the gain's interval.
+A family is certifiable only when ESS >= min_ess and k-hat <= max_khat on the expert rows, and the
+population ESS (n / E_pi[w], from the policy's own samples: it sees mass the expert rows never
+reached) is >= min_ess too; otherwise its estimate,
+interval and gain are null and `reason` says why. `balanced` is the equal-weight family mix
+(deployment traffic), `pilot` the mix of a given prompt file; each is certifiable only if every
+family in it is.
+
+    python -m rlhf_mlflow.certify --policy D --reference D --gold F --out F [--rm-dir D]
+"""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import torch
+
+from rlhf_mlflow.core import model as M
+from rlhf_mlflow.core import records as D
+from rlhf_mlflow.core import reward_model as R
+from rlhf_mlflow.core import rollout
+from rlhf_mlflow.core import shortcut_rules as SR
+from rlhf_mlflow.core import vocab as V
+from rlhf_mlflow.core.checkpoint import content_sha256
+from rlhf_mlflow.core.config import check_range
+from rlhf_mlflow.core.errors import InputError
+from rlhf_mlflow.core.reward_wrapper import RewardWrapper, apply_wrapper, load_wrapper
+from rlhf_mlflow.decisions import ope_math as O
+
+
+@dataclass(frozen=True)
+class CertifyConfig:
+    min_ess: float = 10.0
+    """A family with fewer effective expert samples than this is not certifiable."""
+    max_khat: float = 0.7
+    """A family whose importance weights have a Pareto tail shape above this is not certifiable."""
+    samples_per_prompt: int = 8
+    """Policy samples per expert prompt for the direct estimate, KL and shortcut counts."""
+    n_boot: int = 2000
+    """Bootstrap resamples of the expert rows."""
+    level: float = 0.90
+    """Two-sided interval level."""
+    temperature: float = 1.0
+    """Sampling temperature at which the policy is deployed (and the expert set was drawn)."""
+    seed: int = 0
+    """Seed of the policy samples and the bootstrap."""
+
+    def __post_init__(self):
+        check_range("min_ess", self.min_ess, 1)
+        check_range("max_khat", self.max_khat, 0)
+        check_range("samples_per_prompt", self.samples_per_prompt, 1, integer=True)
+        check_range("n_boot", self.n_boot, 100, integer=True)
+        check_range("level", self.level, 0, 1, lo_open=True)
+        check_range("temperature", self.temperature, 0, lo_open=True)
+
+
+@torch.no_grad()
+def family_evidence(policy, reference, rm, wrapper, gold: list[dict], cfg: CertifyConfig,
+                    shortcuts: list[dict], gen: torch.Generator) -> dict:
+    """The arrays one family's estimates are computed from (numpy, one row per expert sample)."""
+    prompts, responses = D.prompts_tensor(gold), D.responses_tensor(gold)
+    log_ratios = _log_ratios(policy, reference, prompts, responses)
+    K = cfg.samples_per_prompt
+    own, ref_own, own_lw = _own_samples(policy, reference, prompts, cfg, gen)
+    prompts_rep = prompts.repeat_interleave(K, 0)
+    ev = {"log_ratios": log_ratios, "labels": np.array([r["label"] for r in gold], float),
+          "kl": float(own_lw.mean()), "pop_ess": O.population_ess(own_lw, len(gold)),
+          "shortcuts": _shortcut_counts(shortcuts, gold, K, own, ref_own)}
+    if rm is not None:
+        gold_scores = _scores(rm, wrapper, gold, prompts, responses)
+        own_scores = _scores(rm, wrapper, [r for r in gold for _ in range(K)], prompts_rep, own)
+        ev["scores"] = gold_scores
+        ev["policy_scores"] = own_scores.reshape(len(gold), K).mean(1)  # per expert prompt
+    return ev
+
+
+def _own_samples(policy, reference, prompts, cfg: CertifyConfig, gen: torch.Generator):
+    """K samples per prompt from the policy and from the reference (in that order on `gen`: certify
+    and weight_support draw the same ones), and the log-ratios of the policy's own samples."""
+    K = cfg.samples_per_prompt
+    own = rollout.sample(policy, prompts, K, cfg.temperature, gen)           # (n*K, L), grouped by prompt
+    ref_own = rollout.sample(reference, prompts, K, cfg.temperature, gen)
+    return own, ref_own, _log_ratios(policy, reference, prompts.repeat_interleave(K, 0), own)
+
+
+def _log_ratios(policy, reference, prompts, responses) -> np.ndarray:
+    """Exact sequence log importance ratios log pi(y|x) - log pi_ref(y|x), as float64."""
+    return (M.sequence_logprobs(policy, prompts, responses)
+            - M.sequence_logprobs(reference, prompts, responses)).double().numpy()
+
+
+def _scores(rm, wrapper, records, prompts, responses) -> np.ndarray:
+    s = R.score(rm, prompts, responses)
+    if wrapper is not None:
+        s = apply_wrapper(wrapper, getattr(wrapper, "path", "correction"), records, responses, s)
+    return s.double().numpy()
+
+
+def _shortcut_counts(shortcuts, gold, K, own, ref_own) -> list[dict]:
+    out = []
+    records = [r for r in gold for _ in range(K)]
+    for rule in shortcuts:
+        if rule["family"] != gold[0]["family"]:
+            continue
+        count = lambda ys: float(np.mean([SR.count(rule, rec, V.decode_response(y))  # noqa: E731
+                                          for rec, y in zip(records, ys.tolist())]))
+        out.append({**rule, "policy_count": count(own), "reference_count": count(ref_own)})
+    return out
+
+
+def estimate_family(ev: dict, cfg: CertifyConfig, rng: np.random.Generator) -> tuple[dict, np.ndarray, np.ndarray]:
+    """One family's report row, plus its bootstrap draws of (estimate, reference mean)."""
+    lw, y = ev["log_ratios"], ev["labels"]
+    n = len(y)
+    row = {"n": n, "reference": float(y.mean()), "snips": O.snips(lw, y), "ess": O.kish_ess(lw),
+           "pop_ess": ev["pop_ess"], "max_weight_share": O.max_weight_share(lw), "khat": O.pareto_khat(lw),
+           "kl": ev["kl"],
+           "shortcuts": ev["shortcuts"]}
+    idx = rng.integers(0, n, size=(cfg.n_boot, n))                     # (B, n)
+    ref_draws = y[idx].mean(1)
+    p = _boot_weights(lw, idx)                                          # (B, n) normalised
+    if "scores" in ev:
+        s, ps = ev["scores"], ev["policy_scores"]
+        a, b = O.linear_calibration(s, y)
+        row["direct"] = a + b * float(ps.mean())
+        row["calibration"] = {"intercept": a, "slope": b, "r": float(np.corrcoef(s, y)[0, 1]) if s.std() > 0 else 0.0}
+        row["doubly_robust"] = O.doubly_robust(lw, y, a + b * s, row["direct"])
+        row["method"] = "doubly_robust"
+        point = row["doubly_robust"]
+        sb, yb = s[idx], y[idx]
+        sc = sb - sb.mean(1, keepdims=True)
+        bb = (sc * (yb - yb.mean(1, keepdims=True))).sum(1) / ((sc * sc).sum(1) + 1e-3 * n)
+        ab = yb.mean(1) - bb * sb.mean(1)
+        direct_draws = ab + bb * ps[idx].mean(1)
+        draws = direct_draws + (p * (yb - ab[:, None] - bb[:, None] * sb)).sum(1)
+    else:
+        row["method"] = "snips"
+        point = row["snips"]
+        draws = (p * y[idx]).sum(1)
+    row.update(support(row["ess"], row["khat"], row["pop_ess"], n, cfg))
+    lo_q, hi_q = (1 - cfg.level) / 2, (1 + cfg.level) / 2
+    if row["certifiable"]:
+        row.update(estimate=point, lo=float(np.quantile(draws, lo_q)), hi=float(np.quantile(draws, hi_q)),
+                   gain=point - row["reference"], gain_lo=float(np.quantile(draws - ref_draws, lo_q)),
+                   gain_hi=float(np.quantile(draws - ref_draws, hi_q)))
+    else:
+        row.update(estimate=None, lo=None, hi=None, gain=None, gain_lo=None, gain_hi=None)
+    return row, draws, ref_draws
+
+
+def support(ess: float, khat: float, pop_ess: float, n: int, cfg: CertifyConfig) -> dict:
+    """Whether importance weights with this ESS, tail shape and population ESS (ope_math.population_ess)
+    can carry an estimate, and why not."""
+    reasons = []
+    if ess < cfg.min_ess:
+        reasons.append(f"ESS {ess:.1f} < {cfg.min_ess:g} of {n}")
+    if khat > cfg.max_khat:
+        reasons.append(f"weight tail k-hat {khat:.2f} > {cfg.max_khat:g}")
+    if pop_ess < cfg.min_ess:
+        reasons.append(f"population ESS {pop_ess:.1f} < {cfg.min_ess:g} of {n} (from the policy's own samples)")
+    return {"certifiable": not reasons, "reason": "; ".join(reasons) if reasons else "ok"}
+
+
+@torch.no_grad()
+def weight_support(policy: M.Policy, reference: M.Policy, gold: list[dict],
+                   cfg: CertifyConfig = CertifyConfig()) -> dict[str, dict]:
+    """Per family of the expert set: ESS, k-hat, population ESS and whether certify could give it a
+    number (certify draws the same policy samples: same seed, same order).
+
+    Uses the expert prompts and responses and the policy's own samples, never the labels, so choosing
+    among checkpoints by it does not bias the chosen one's certified estimate."""
+    out = {}
+    gen = torch.Generator().manual_seed(cfg.seed)
+    by_family = D.group_by_family(gold)
+    for f in [f for f in V.FAMILIES if f in by_family]:
+        rows = by_family[f]
+        prompts = D.prompts_tensor(rows)
+        lw = _log_ratios(policy, reference, prompts, D.responses_tensor(rows))
+        own_lw = _own_samples(policy, reference, prompts, cfg, gen)[2]
+        ess, khat, pop = O.kish_ess(lw), O.pareto_khat(lw), O.population_ess(own_lw, len(rows))
+        out[f] = {"ess": ess, "khat": khat, "pop_ess": pop, **support(ess, khat, pop, len(rows), cfg)}
+    return out
+
+
+def _boot_weights(lw: np.ndarray, idx: np.ndarray) -> np.ndarray:
+    lwb = lw[idx]
+    w = np.exp(lwb - lwb.max(1, keepdims=True))
+    return w / w.sum(1, keepdims=True)
+
+
+def aggregate(rows: dict, draws: dict, ref_draws: dict, weights: dict[str, float], cfg: CertifyConfig) -> dict:
+    """A family mix: certifiable only if every family with weight is."""
+    fams = [f for f, w in weights.items() if w > 0]
+    total = sum(weights[f] for f in fams)
+    wt = {f: weights[f] / total for f in fams}
+    out = {"weights": wt, "reference": sum(wt[f] * rows[f]["reference"] for f in fams)}
+    missing = [f for f in fams if f not in rows]
+    refused = [f for f in fams if f in rows and not rows[f]["certifiable"]]
+    if missing or refused:
+        why = ([f"no expert rows for {', '.join(missing)}"] if missing else []) + \
+              ([f"not certifiable: {', '.join(refused)}"] if refused else [])
+        return {**out, "certifiable": False, "reason": "; ".join(why), "estimate": None, "lo": None, "hi": None,
+                "gain": None, "gain_lo": None, "gain_hi": None}
+    est = sum(wt[f] * rows[f]["estimate"] for f in fams)
+    d = sum(wt[f] * draws[f] for f in fams)
+    dr = sum(wt[f] * ref_draws[f] for f in fams)
+    lo_q, hi_q = (1 - cfg.level) / 2, (1 + cfg.level) / 2
+    return {**out, "certifiable": True, "reason": "ok", "estimate": est,
+            "lo": float(np.quantile(d, lo_q)), "hi": float(np.quantile(d, hi_q)),
+            "gain": est - out["reference"], "gain_lo": float(np.quantile(d - dr, lo_q)),
+            "gain_hi": float(np.quantile(d - dr, hi_q))}
+
+
+def certify(policy_dir: str, reference_dir: str, gold_path: str, *, rm_dir: str | None = None,
+            correction: str | RewardWrapper | None = None, diagnostic: str | dict | None = None,
+            pilot_prompts: str | None = None, cfg: CertifyConfig = CertifyConfig(),
+            shortcuts: list[dict] | None = None) -> dict:
+    """Certify `policy_dir` against `reference_dir` with the expert set at `gold_path`.
+
+    `rm_dir` enables the direct and doubly-robust estimates; `correction` is a reward-wrapper file
+    (from `rlhf_mlflow.correction`), or one already loaded, applied to the reward model's scores;
+    `diagnostic` (evidence JSON, path or dict) adds the flagged shortcuts' counts under the policy and
+    the reference (`shortcuts`, the flagged rules themselves, instead: how a report is recomputed);
+    `pilot_prompts` adds the `pilot` aggregate weighted by that file's family mix. The report
+    records its inputs, their sha256 and the rules, so that release can recompute it."""
+    gold = D.read_jsonl(gold_path, labelled=True)
+    policy, _ = M.load_policy(policy_dir)
+    reference, _ = M.load_policy(reference_dir)
+    rm = R.load_rm(rm_dir)[0] if rm_dir else None
+    wrapper = correction if isinstance(correction, RewardWrapper) else load_wrapper(correction)
+    shortcuts = _flagged_shortcuts(diagnostic) if shortcuts is None else shortcuts
+    gen = torch.Generator().manual_seed(cfg.seed)
+    rng = np.random.default_rng(cfg.seed)
+    rows, draws, ref_draws = {}, {}, {}
+    by_family = D.group_by_family(gold)
+    for f in V.FAMILIES:
+        if f not in by_family:
+            continue
+        if len(by_family[f]) < 10:
+            raise InputError(f"{gold_path}: family {f} has {len(by_family[f])} expert rows; certification needs >= 10")
+        ev = family_evidence(policy, reference, rm, wrapper, by_family[f], cfg, shortcuts, gen)
+        rows[f], draws[f], ref_draws[f] = estimate_family(ev, cfg, rng)
+    report = {"families": rows,
+              "balanced": aggregate(rows, draws, ref_draws, {f: 1.0 for f in V.FAMILIES}, cfg),
+              "config": asdict(cfg),
+              "inputs": {"policy": policy_dir, "reference": reference_dir, "gold": gold_path, "rm_dir": rm_dir,
+                         "correction": wrapper.path if wrapper else None, "pilot_prompts": pilot_prompts},
+              "shortcut_rules": shortcuts}
+    report["input_sha256"] = {k: content_sha256(v) for k, v in report["inputs"].items() if v and k != "policy"}
+    if wrapper:  # the bytes it executed, which the file may no longer hold
+        report["input_sha256"]["correction"] = wrapper.sha256
+    if pilot_prompts:
+        mix = Counter(r["family"] for r in D.read_jsonl(pilot_prompts))
+        report["pilot"] = aggregate(rows, draws, ref_draws, dict(mix), cfg)
+    return report
+
+
+def _flagged_shortcuts(diagnostic) -> list[dict]:
+    """The diagnostic evidence's (a path or a dict) flagged features, as rules."""
+    if isinstance(diagnostic, str):
+        from rlhf_mlflow.core.errors import read_json
+        diagnostic = read_json(diagnostic)
+    return SR.flagged(diagnostic)

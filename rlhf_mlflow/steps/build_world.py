@@ -1,0 +1,46 @@
+"""The `build_world` step: build (or reuse, by content hash) a synthetic world as an MLflow run that
+records its seed, spec, scale, manifest and timings, and its data files as dataset inputs."""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from rlhf_mlflow.core import records as D
+from rlhf_mlflow.core.files import check_writable
+from rlhf_mlflow.core.world_paths import WorldPaths
+from rlhf_mlflow.tracking import runs as T
+from rlhf_mlflow.world.build import build_world, ensure_world
+
+DEFAULT_WORLDS = "worlds"
+"""Where worlds built without --out are cached, by content hash (worlds/<hash>)."""
+DATASETS = (("prompts_train", "train", False), ("prompts_dev", "dev", False), ("expert_set", "gold", True),
+            ("qa", "qa", True))
+
+
+def run_build_world(seed: int, rules: list[dict], scale: str, out: str | None = None,
+                    progress: Callable[[str], None] = print) -> tuple[WorldPaths, dict]:
+    """Build the world into `out` (or reuse worlds/<hash>); returns it and its manifest."""
+    if out:
+        check_writable(out, directory=True)
+    with T.tracked_run("build_world", {"seed": seed, "spec": rules, "scale": scale}):
+        if out:
+            manifest = build_world(out, seed, rules, scale, progress=progress)
+            path = out
+        else:
+            path, manifest = ensure_world(DEFAULT_WORLDS, seed, rules, scale, progress=progress)
+        world = WorldPaths.at(path)
+        T.log_params({"world_hash": manifest["world_hash"], "world": world.root})
+        T.log_json_artifact(manifest, "manifest.json")
+        T.log_metrics({f"timing/{k}": v for k, v in manifest["timings"].items()})
+        for item, context, labelled in DATASETS:
+            T.log_records_input(D.read_jsonl(world.path(item), labelled=labelled), world.path(item), context)
+    return world, manifest
+
+
+def default_world(progress: Callable[[str], None] = print) -> WorldPaths:
+    """The default world (seed 0, default spec, full scale) under worlds/<hash>, built once on first use."""
+    return WorldPaths.at(ensure_world(DEFAULT_WORLDS, progress=progress)[0])
+
+
+def world_or_default(world: str | None, progress: Callable[[str], None] = print) -> WorldPaths:
+    """The given world directory, or the default world."""
+    return WorldPaths.at(world) if world else default_world(progress)

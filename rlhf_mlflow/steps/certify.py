@@ -1,0 +1,102 @@
+"""The `certify` step: a policy's true quality per family, estimated off-policy from the expert set
+(decisions/certify.py), as an MLflow run: `certified/<family>`, interval bounds, `ess/<family>`,
+gains, a markdown report and a figure, linked to the version's LoggedModel. The version is tagged
+with the run, its report's sha256 and its balanced estimate, last, so a failure leaves it untagged."""
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+from rlhf_mlflow.core.errors import InputError
+from rlhf_mlflow.core.files import atomic_write_json, check_writable
+from rlhf_mlflow.core.reward_wrapper import load_wrapper
+from rlhf_mlflow.core.world_paths import WorldPaths
+from rlhf_mlflow.decisions import certify as C
+from rlhf_mlflow.steps.figures import certification_plot
+from rlhf_mlflow.steps.reports import certification_markdown
+from rlhf_mlflow.tracking import registry as REG
+from rlhf_mlflow.tracking import runs as T
+
+
+def world_inputs(world: WorldPaths | None, **explicit) -> dict:
+    """The certification inputs a world provides, overridden by explicit paths."""
+    defaults = {}
+    if world:
+        defaults = {"reference": world.policy, "gold": world.expert_set, "rm_dir": world.reward_model,
+                    "pilot_prompts": world.prompts_dev}
+    out = {**defaults, **{k: v for k, v in explicit.items() if v}}
+    for k in ("reference", "gold"):
+        if not out.get(k):
+            raise InputError(f"certify needs --{k} (or --world, a fixture directory that has it)")
+    return out
+
+
+def certification_metrics(report: dict) -> dict:
+    m = {}
+    groups = {**report["families"], **{k: report[k] for k in ("balanced", "pilot") if k in report}}
+    for f, r in groups.items():
+        m[f"certifiable/{f}"] = float(r["certifiable"])
+        m[f"reference_quality/{f}"] = r["reference"]
+        for key, name in (("estimate", "certified"), ("lo", "certified_lo"), ("hi", "certified_hi"),
+                          ("gain", "gain"), ("gain_lo", "gain_lo"), ("gain_hi", "gain_hi"),
+                          ("ess", "ess"), ("pop_ess", "pop_ess"), ("khat", "khat"), ("kl", "kl"),
+                          ("snips", "snips"), ("direct", "direct")):
+            v = r.get(key)
+            if v is not None and abs(v) != float("inf"):
+                m[f"{name}/{f}"] = v
+    return m
+
+
+def run_certify(version: str | None = None, policy: str | None = None, world: WorldPaths | None = None,
+                reference: str | None = None, gold: str | None = None, rm_dir: str | None = None,
+                correction: str | None = None, diagnostic: str | dict | None = None, pilot_prompts: str | None = None,
+                cfg: C.CertifyConfig = C.CertifyConfig(), echo: Callable[[str], None] = print,
+                tags: dict | None = None, out: str | None = None) -> dict:
+    """Certify a registered version (or a plain checkpoint directory) as an MLflow run; `out` receives
+    the report JSON, written before the version is tagged (a failure leaves the version untagged)."""
+    if bool(version) == bool(policy):
+        raise InputError("certify needs exactly one of --model-version or --policy")
+    if out:
+        check_writable(out)
+    inputs = world_inputs(world, reference=reference, gold=gold, rm_dir=rm_dir, pilot_prompts=pilot_prompts)
+    wrapper = load_wrapper(correction)  # the bytes hashed below are the bytes certify executes
+    params = {**inputs, "model_version": version, "policy": policy, "correction": correction,
+              "diagnostic": diagnostic if isinstance(diagnostic, str) or diagnostic is None else "(in memory)",
+              **{f"certify.{k}": v for k, v in cfg.__dict__.items()}}
+    if wrapper:
+        params["correction_sha256"] = wrapper.sha256
+    with T.tracked_run("certify", params, tags=tags,
+                       run_name=f"certify-v{version}" if version else "certify") as run:
+        model_id = None
+        if version:
+            REG.get_version(version)
+            policy, model_id = REG.download_policy(version)
+        if wrapper:
+            T.log_bytes(wrapper.source, os.path.basename(wrapper.path), "correction")
+        report = C.certify(policy, inputs["reference"], inputs["gold"], rm_dir=inputs.get("rm_dir"),
+                           correction=wrapper, diagnostic=diagnostic,
+                           pilot_prompts=inputs.get("pilot_prompts"), cfg=cfg)
+        report["subject"] = ({"registered_model": REG.REGISTERED_MODEL, "model_version": str(version),
+                              "model_id": model_id} if version else {"policy": policy})
+        T.log_metrics(certification_metrics(report), model_id=model_id)
+        sha = T.log_json_artifact(report, REG.CERT_ARTIFACT)
+        T.log_text(certification_markdown(report), "certification.md")
+        T.log_figure(certification_plot(report), "figures/certification.png")
+        if out:
+            atomic_write_json(out, report)
+        if version:  # last: a failure above leaves the version untagged
+            REG.set_tags(version, {"certification.run_id": run.info.run_id, "certification.sha256": sha,
+                                   "certification.balanced": REG.balanced_tag(report),
+                                   **({"correction_sha256": wrapper.sha256} if wrapper else {})})
+        echo(_summary_line(report, version))
+    return {"run_id": run.info.run_id, "report": report}
+
+
+def _summary_line(report: dict, version) -> str:
+    b = report["balanced"]
+    who = f"version {version}" if version else "policy"
+    if not b["certifiable"]:
+        return f"certify {who}: balanced quality NOT certifiable ({b['reason']})"
+    return (f"certify {who}: balanced {b['estimate']:.3f} [{b['lo']:.3f}, {b['hi']:.3f}], "
+            f"gain {b['gain']:+.3f} [{b['gain_lo']:+.3f}, {b['gain_hi']:+.3f}] vs reference {b['reference']:.3f}")
+

@@ -1,0 +1,25 @@
+"""The `correct` step: fit the diagnostic's flagged shortcuts on the QA sample and write the reward
+wrapper that subtracts them, as an MLflow run."""
+from __future__ import annotations
+
+from rlhf_mlflow.core import records as D
+from rlhf_mlflow.core.errors import read_json
+from rlhf_mlflow.core.files import check_writable
+from rlhf_mlflow.decisions.correction import fit_corrections, write_wrapper
+from rlhf_mlflow.tracking import runs as T
+
+
+def run_correction(diagnostic: str | dict, qa: str, out: str) -> list[dict]:
+    """Fit corrections for the flagged shortcuts on the QA sample; write and log the reward wrapper."""
+    check_writable(out)
+    result = read_json(diagnostic) if isinstance(diagnostic, str) else diagnostic
+    qa_records = D.read_jsonl(qa, labelled=True)
+    params = {"diagnostic": diagnostic if isinstance(diagnostic, str) else "(in memory)", "qa": qa}
+    with T.tracked_run("correction", params, run_name="correction"):
+        rules = fit_corrections(result, qa_records)
+        sha256 = write_wrapper(rules, out)
+        T.log_params({"reward_wrapper_sha256": sha256})
+        T.log_artifact(out, "reward_wrapper")
+        T.log_json_artifact(rules, "corrections.json")
+    return rules
+

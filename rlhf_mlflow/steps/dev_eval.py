@@ -1,0 +1,38 @@
+"""The `dev_eval` step: the seed's dev evaluation of a policy (a checkpoint or a models:/ URI) as an
+MLflow run, per family, linked to the policy's LoggedModel when it has one."""
+from __future__ import annotations
+
+from rlhf_mlflow.core import model as M
+from rlhf_mlflow.core import records as D
+from rlhf_mlflow.core import reward_model as R
+from rlhf_mlflow.core.files import atomic_write_json, check_writable
+from rlhf_mlflow.steps.figures import family_bars
+from rlhf_mlflow.tracking import runs as T
+from rlhf_mlflow.tracking.policy_model import resolve_policy
+from rlhf_mlflow.training.evaluate import dev_eval
+
+
+def run_dev_eval(policy: str, policy_ref: str, reward_model: str, prompts: str, gold: str | None = None,
+                 n: int = 1, seed: int = 0, run_name: str | None = None, out: str | None = None) -> dict:
+    """The seed's dev evaluation of a checkpoint directory or models:/ URI; metrics are linked to the
+    policy's LoggedModel when it has one. `out` receives the metrics JSON."""
+    if out:
+        check_writable(out)
+    prompt_records = D.read_jsonl(prompts)
+    gold_records = D.read_jsonl(gold, labelled=True) if gold else None
+    params = {"policy": policy, "policy_ref": policy_ref, "reward_model": reward_model, "prompts": prompts,
+              "gold": gold, "n": n, "seed": seed}
+    with T.tracked_run("dev_eval", params, run_name=run_name):
+        policy_dir, model_id = resolve_policy(policy)
+        T.log_records_input(prompt_records, prompts, "dev")
+        if gold:
+            T.log_records_input(gold_records, gold, "gold")
+        res = dev_eval(M.load_policy(policy_dir)[0], M.load_policy(policy_ref)[0], R.load_rm(reward_model)[0],
+                       prompt_records, gold_records, n, seed)
+        T.log_metrics(res.metrics, model_id=model_id)
+        T.log_figure(family_bars(res.metrics, title=f"dev_eval: {policy}"), "figures/dev_eval_families.png")
+        T.log_json_artifact(res.metrics, "dev_eval.json")
+        if out:
+            atomic_write_json(out, res.metrics)
+    return res.metrics
+

@@ -1,0 +1,28 @@
+"""The `diagnostic` step: the gold-free reward-shortcut audit as an MLflow run (risk/<family>,
+flag/<family>, the evidence JSON and a figure)."""
+from __future__ import annotations
+
+from rlhf_mlflow.core.files import atomic_write_json, check_writable
+from rlhf_mlflow.decisions.diagnostic import run_diagnostic
+from rlhf_mlflow.steps.figures import diagnostic_bars
+from rlhf_mlflow.tracking import runs as T
+
+
+def run_diagnostic_step(rm_dir: str, policy_dir: str, prompts: str, n_prompts: int = 24, seed: int = 0,
+                        out: str | None = None) -> dict:
+    """The gold-free shortcut audit; logs risk/<family>, flag/<family>, the evidence and a figure.
+    `out` receives the result JSON."""
+    if out:
+        check_writable(out)
+    params = {"rm_dir": rm_dir, "policy_dir": policy_dir, "prompts": prompts, "n_prompts": n_prompts, "seed": seed}
+    with T.tracked_run("diagnostic", params, run_name="diagnostic"):
+        result = run_diagnostic(rm_dir, policy_dir, prompts, n_prompts, seed)
+        fams = result["families"]
+        T.log_metrics({**{f"risk/{f}": v["risk"] for f, v in fams.items()},
+                       **{f"flag/{f}": float(v["flag"]) for f, v in fams.items()}})
+        T.log_json_artifact(result, "diagnostic.json")
+        T.log_figure(diagnostic_bars(result), "figures/diagnostic.png")
+        if out:
+            atomic_write_json(out, result)
+    return result
+

@@ -1,0 +1,91 @@
+"""Figures a person would rather look at than read: per-family curves and bars (matplotlib only)."""
+from __future__ import annotations
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from rlhf_mlflow.core import shortcut_rules as SR  # noqa: E402
+from rlhf_mlflow.core import vocab as V  # noqa: E402
+
+
+def family_curves(history: list[tuple[int, dict]], names=("proxy", "kl", "top_token_share", "entropy")):
+    """One panel per metric, one line per family (balanced dashed)."""
+    fig, axes = plt.subplots(1, len(names), figsize=(4.2 * len(names), 3.4))
+    steps = [s for s, _ in history]
+    for ax, name in zip(axes, names):
+        for f in V.FAMILIES + ["balanced"]:
+            key = f"{name}/{f}"
+            ys = [m.get(key) for _, m in history]
+            if all(y is not None for y in ys):
+                ax.plot(steps, ys, label=f, linestyle="--" if f == "balanced" else "-",
+                        color="black" if f == "balanced" else None)
+        ax.set_title(name)
+        ax.set_xlabel("step")
+    axes[0].legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def family_bars(metrics: dict, names=("proxy", "kl"), title: str = ""):
+    """Per-family bars of `<name>/<family>` values."""
+    fig, axes = plt.subplots(1, len(names), figsize=(4.2 * len(names), 3.2))
+    for ax, name in zip(axes, names):
+        fams = [f for f in V.FAMILIES if f"{name}/{f}" in metrics]
+        ax.bar(fams, [metrics[f"{name}/{f}"] for f in fams], color="tab:blue")
+        if f"{name}/balanced" in metrics:
+            ax.axhline(metrics[f"{name}/balanced"], color="black", linestyle="--", label="balanced")
+        if f"{name}/pilot" in metrics:
+            ax.axhline(metrics[f"{name}/pilot"], color="tab:red", linestyle=":", label="pilot")
+        ax.set_title(name)
+        ax.tick_params(axis="x", rotation=45)
+        ax.legend(fontsize=7)
+    fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+def diagnostic_bars(result: dict):
+    """Per-family risk, and the top candidate's reward-model effect against the 1/8 bound."""
+    fams = list(result["families"])
+    risks = [result["families"][f]["risk"] for f in fams]
+    top = [result["families"][f]["evidence"][0] for f in fams]
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.4))
+    axes[0].bar(fams, risks, color=["tab:red" if result["families"][f]["flag"] else "tab:blue" for f in fams])
+    axes[0].axhline(0.5, color="black", linestyle="--")
+    axes[0].set_title("shortcut risk (flag at 0.5)")
+    axes[1].bar(fams, [c["effect"] for c in top], color="tab:gray")
+    for x, c in enumerate(top):
+        axes[1].annotate(SR.describe(c), (x, c["effect"]), ha="center", va="bottom", fontsize=7)
+    for y in (0.125, -0.125):
+        axes[1].axhline(y, color="black", linestyle=":")
+    axes[1].set_title("top feature: reward-model effect (dotted: the 1/8 a label allows)")
+    for ax in axes:
+        ax.tick_params(axis="x", rotation=45)
+    fig.tight_layout()
+    return fig
+
+
+def certification_plot(report: dict, truth: dict | None = None):
+    """Certified quality per family with its interval beside the reference's mean; refused families
+    are marked. `truth` ({family: value}) adds the oracle's numbers, for benchmarks only."""
+    import numpy as np
+    fams = list(report["families"]) + ["balanced"]
+    rows = list(report["families"].values()) + [report["balanced"]]
+    x = np.arange(len(fams))
+    fig, ax = plt.subplots(figsize=(8, 3.6))
+    ax.scatter(x - 0.12, [r["reference"] for r in rows], marker="_", s=300, color="gray", label="reference")
+    for i, r in enumerate(rows):
+        if r["certifiable"]:
+            ax.errorbar(i + 0.12, r["estimate"], yerr=[[r["estimate"] - r["lo"]], [r["hi"] - r["estimate"]]],
+                        fmt="o", color="tab:blue", capsize=4, label="certified (90%)" if i == 0 else None)
+        else:
+            ax.text(i + 0.12, r["reference"], "refused", rotation=90, ha="center", va="bottom", color="tab:red")
+    if truth:
+        ax.scatter(x + 0.3, [truth.get(f, np.nan) for f in fams], marker="x", color="black", label="oracle truth")
+    ax.set_xticks(x, fams)
+    ax.set_ylabel("true quality")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig

@@ -1,0 +1,37 @@
+"""The `grade` step (synthetic worlds only): the oracle's true quality per family of a version or a
+checkpoint, logged as `truth/<family>` on its own run. Release never reads it."""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from rlhf_mlflow.core import model as M
+from rlhf_mlflow.core import records as D
+from rlhf_mlflow.core.world_paths import WorldPaths
+from rlhf_mlflow.tracking import registry as REG
+from rlhf_mlflow.tracking import runs as T
+from rlhf_mlflow.training.evaluate import first_per_family
+from rlhf_mlflow.world.oracle import Oracle
+
+
+def run_grade(version: str, world: WorldPaths, n: int = 4, echo: Callable[[str], None] = print) -> dict:
+    """The oracle's true quality of a registered version, on its own run linked to the version's model."""
+    REG.get_version(version)
+    policy_dir, model_id = REG.download_policy(version)
+    out = run_grade_checkpoint(policy_dir, world, n, model_id=model_id, run_name=f"grade-v{version}",
+                               params={"model_version": version})
+    REG.set_tags(version, {"grade.run_id": out["run_id"]})
+    echo(f"grade version {version}: truth/balanced {out['truth']['truth/balanced']:.3f}")
+    return out
+
+
+def run_grade_checkpoint(policy_dir: str, world: WorldPaths, n: int = 4, model_id: str | None = None,
+                         run_name: str = "grade", params: dict | None = None) -> dict:
+    """`truth/<family>` and `truth/balanced` of a checkpoint on the world's balanced prompts."""
+    params = {**(params or {}), "policy": policy_dir, "world": world.root, "n": n}
+    with T.tracked_run("grade", params, run_name=run_name) as run:
+        oracle = Oracle(world.root)
+        prompts = first_per_family(D.read_jsonl(world.prompts_train))
+        truth = oracle.grade_policy(M.load_policy(policy_dir)[0], prompts, n=n)
+        T.log_metrics(truth, model_id=model_id)
+    return {"run_id": run.info.run_id, "truth": truth}
+

@@ -1,0 +1,126 @@
+"""The `main` step: the whole story on one world, as a parent MLflow run with a child run per step.
+
+gold-free diagnostic -> correction -> the seed's five historical recipes and two corrected candidates
+(kl 0.1/800 and kl 0.05/1200 on the corrected reward, each registered at its latest checkpoint that
+the expert set can still certify), trained side by side (main_candidates.py) -> dev_eval and certify
+of each as it finishes -> release of every candidate, in recipe order -> grade (the oracle's truth,
+never read by release) -> the champion's recipe trained on the oracle's true reward (this world's
+ceiling for that budget) -> a summary table (main_summary.py).
+"""
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+
+import pandas as pd
+
+from rlhf_mlflow.core import shortcut_rules as SR
+from rlhf_mlflow.core.files import atomic_write_json, check_writable
+from rlhf_mlflow.core.world_paths import WorldPaths
+from rlhf_mlflow.steps.certify import run_certify
+from rlhf_mlflow.steps.correct import run_correction
+from rlhf_mlflow.steps.dev_eval import run_dev_eval
+from rlhf_mlflow.steps.diagnostic import run_diagnostic_step
+from rlhf_mlflow.steps.grade import run_grade, run_grade_checkpoint
+from rlhf_mlflow.steps.main_candidates import CHECKPOINTS, TrainJob, train_all
+from rlhf_mlflow.steps.main_summary import summary_table
+from rlhf_mlflow.steps.release import run_release
+from rlhf_mlflow.steps.reports import markdown_table
+from rlhf_mlflow.steps.train_rl import run_train_rl
+from rlhf_mlflow.tracking import registry as REG
+from rlhf_mlflow.tracking import runs as T
+from rlhf_mlflow.training.recipes import CORRECTED, SEED_HISTORY, scaled
+from rlhf_mlflow.training.rl_config import load_rl_config
+from rlhf_mlflow.world.oracle import write_oracle_reward
+
+CORRECTED_NOTE = "Trained on the reward model minus the fitted shortcut corrections (diagnostic -> correction)."
+
+
+def candidate_jobs(wrapper: str | None, steps_scale: float) -> list[TrainJob]:
+    """Every candidate's train_rl job, history first; corrected ones are saved at each quarter of their
+    steps and registered at the latest checkpoint the expert set can certify."""
+    jobs = [TrainJob(n, scaled(ov, steps_scale), note, {"rlhf.history": "seed"}) for n, (ov, note) in SEED_HISTORY.items()]
+    for name, ov in CORRECTED.items():
+        ov = scaled({**ov, "reward_wrapper": wrapper}, steps_scale)
+        ov["save_every"] = max(1, ov["steps"] // CHECKPOINTS)
+        jobs.append(TrainJob(name, ov, CORRECTED_NOTE, {"rlhf.corrected": "true"}, select_certifiable=True))
+    return jobs
+
+
+def run_main(world: WorldPaths, out_dir: str, steps_scale: float = 1.0, ceiling: bool = True,
+             echo: Callable[[str], None] = print) -> pd.DataFrame:
+    """The whole story; returns the summary table (its `attrs["ceiling"]` holds the ceiling, if run)."""
+    os.makedirs(check_writable(out_dir, "--out", directory=True), exist_ok=True)
+    t0 = time.perf_counter()
+    with T.tracked_run("main", {"world": world.root, "steps_scale": steps_scale}, run_name="main") as parent:
+        diag_path, wrapper = _diagnose_and_correct(world, out_dir, echo)
+
+        def evaluate(name: str, s: dict) -> None:  # as each candidate finishes, while others still train
+            v = s["model_version"]
+            run_dev_eval(REG.version_uri(v), world.policy, world.reward_model, world.prompts_dev, world.expert_set,
+                         run_name=f"dev_eval-{name}")
+            run_certify(version=v, world=world, correction=wrapper, diagnostic=diag_path, echo=echo)
+
+        candidates = train_all(candidate_jobs(wrapper, steps_scale), world, parent.info.run_id, echo,
+                               on_done=evaluate)
+        for s in candidates.values():  # in recipe order: each release compares with the champion so far
+            run_release(s["model_version"], echo=echo)
+        for s in candidates.values():
+            run_grade(s["model_version"], world, echo=lambda m: None)
+        table = summary_table(parent.info.run_id)
+        if ceiling:
+            _ceiling_if_new_champion(world, out_dir, table, steps_scale, echo)
+        T.log_text(markdown_table(table), "summary.md")
+        T.log_text(table.to_csv(index=False), "summary.csv")
+        T.log_metrics({"seconds": time.perf_counter() - t0})
+    return table
+
+
+def _diagnose_and_correct(world: WorldPaths, out_dir: str, echo: Callable[[str], None]) -> tuple[str, str | None]:
+    """The gold-free diagnostic and its correction; returns (evidence JSON path, wrapper path or None
+    when nothing was flagged)."""
+    echo("diagnostic: auditing the reward model without expert labels")
+    diag = run_diagnostic_step(world.reward_model, world.policy, world.prompts_train)
+    diag_path = os.path.join(out_dir, "diagnostic.json")
+    atomic_write_json(diag_path, diag)
+    flagged = [f for f, r in diag["families"].items() if r["flag"]]
+    echo(f"  flagged: {', '.join(flagged) or 'none'}")
+    wrapper = os.path.abspath(os.path.join(out_dir, "correction.py"))
+    rules = run_correction(diag, world.qa, wrapper)
+    echo("  corrections: " + (", ".join(f"{r['family']} {SR.describe(r)} {r['bonus']:+.3f}" for r in rules) or "none"))
+    return diag_path, wrapper if rules else None
+
+
+def _ceiling_if_new_champion(world: WorldPaths, out_dir: str, table: pd.DataFrame, steps_scale: float,
+                             echo: Callable[[str], None]) -> None:
+    champion = REG.champion_version()
+    if champion is None:
+        return
+    if not (len(table) and table["champion"].any()):
+        echo(f"ceiling: skipped: the champion is version {champion.version} from an earlier run, and "
+             "no candidate of this run beat it (beats_champion)")
+        return
+    _ceiling(world, out_dir, champion, table, steps_scale, echo)
+
+
+def _ceiling(world: WorldPaths, out_dir: str, champion, table: pd.DataFrame, steps_scale: float,
+             echo: Callable[[str], None]) -> None:
+    """Train the champion's recipe on the oracle's true reward; report the champion's truth as a
+    fraction of what that reaches (measurement only: release has already decided)."""
+    name = champion.tags.get("recipe")
+    ov = next(job.overrides for job in candidate_jobs(None, steps_scale) if job.name == name)
+    oracle = write_oracle_reward(world.root, os.path.abspath(os.path.join(out_dir, "oracle_reward.py")))
+    # the same budget as the champion: its registered checkpoint's steps
+    ov = {**ov, "steps": int(champion.tags.get("checkpoint_step") or ov["steps"]), "reward_wrapper": oracle,
+          "save_every": 0}
+    echo(f"ceiling: {name}'s recipe ({ov['steps']} steps) on the oracle's true reward")
+    ckpt = os.path.join(out_dir, "ceiling_policy")  # main's own: an earlier main's ceiling is replaced
+    run_train_rl(load_rl_config(world.config, ov), world=world, out=ckpt, run_name=f"oracle-reward-{name}",
+                 register=False, tags={"rlhf.oracle": "true"}, echo=lambda m: None, progress=False, overwrite=True)
+    ceiling_truth = run_grade_checkpoint(ckpt, world, run_name=f"grade-oracle-reward-{name}")["truth"]["truth/balanced"]
+    champ_truth = float(table.loc[table["model_version"] == str(champion.version), "truth_balanced"].iloc[0])
+    table.attrs["ceiling"] = {"recipe": name, "steps": ov["steps"], "ceiling_truth_balanced": ceiling_truth,
+                              "champion_truth_balanced": champ_truth, "fraction": champ_truth / ceiling_truth}
+    T.log_metrics({"ceiling/truth_balanced": ceiling_truth, "champion/truth_balanced": champ_truth,
+                   "champion/ceiling_fraction": champ_truth / ceiling_truth})

@@ -1,0 +1,51 @@
+"""`main`'s summary table, built with pandas from the runs and registry versions a `main` run made:
+per candidate its dev proxy, certified balanced quality and interval, every guardrail, the release
+decision and the oracle's truth."""
+from __future__ import annotations
+
+import pandas as pd
+
+from rlhf_mlflow.tracking import registry as REG
+from rlhf_mlflow.tracking import runs as T
+from rlhf_mlflow.training.recipes import CANDIDATES
+
+
+def summary_table(parent_run_id: str) -> pd.DataFrame:
+    """Per registered candidate made under `parent_run_id`: dev proxy, certified balanced quality
+    with its interval, every guardrail, the release decision and the oracle's truth."""
+    runs = T.search_runs(f"tags.mlflow.parentRunId = '{parent_run_id}'")
+    by_step = {step: frame for step, frame in runs.groupby("tags.rlhf.step")} if len(runs) else {}
+    train_ids = set(by_step.get("train_rl", pd.DataFrame(columns=["run_id"]))["run_id"])
+    versions = [v for v in REG.client().search_model_versions(f"name = '{REG.REGISTERED_MODEL}'")
+                if v.run_id in train_ids]
+    champion = REG.champion_version()
+
+    def latest(step: str, version: str, key: str):
+        frame = by_step.get(step)
+        if frame is None or key not in frame:
+            return None
+        col = "params.model_version" if step != "dev_eval" else "params.policy"
+        want = str(version) if step != "dev_eval" else REG.version_uri(version)
+        rows = frame[frame[col] == want] if col in frame else frame.iloc[0:0]
+        return None if rows.empty or pd.isna(rows.iloc[0][key]) else rows.iloc[0][key]
+
+    rows = []
+    order = list(CANDIDATES)  # the order main releases them in
+    for v in sorted(versions, key=lambda v: (order.index(v.tags.get("recipe")) if v.tags.get("recipe") in order
+                                             else len(order), int(v.version))):
+        row = {"candidate": v.tags.get("recipe"), "model_version": str(v.version),
+               "step": int(v.tags["checkpoint_step"]) if v.tags.get("checkpoint_step") else None,
+               "dev_proxy": latest("dev_eval", v.version, "metrics.proxy_mean"),
+               "certified_balanced": latest("certify", v.version, "metrics.certified/balanced"),
+               "certified_lo": latest("certify", v.version, "metrics.certified_lo/balanced"),
+               "certified_hi": latest("certify", v.version, "metrics.certified_hi/balanced")}
+        tags = REG.get_version(v.version).tags
+        for k, val in sorted(tags.items()):
+            if k.startswith("guardrail."):
+                row[k.split(".", 1)[1]] = val.split(":", 1)[0]
+        row["decision"] = tags.get("release.decision")
+        row["champion"] = champion is not None and str(champion.version) == str(v.version)
+        row["truth_balanced"] = latest("grade", v.version, "metrics.truth/balanced")
+        rows.append(row)
+    return pd.DataFrame(rows)
+

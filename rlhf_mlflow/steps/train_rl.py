@@ -1,0 +1,243 @@
+"""train_rl as an MLflow run: params, per-family metric curves, checkpoints, figures, a registered
+policy version. The loop itself (train_rl.train_rl) knows nothing of MLflow.
+
+A run that died (a crash, SIGKILL, a lost machine) continues with `resume_train_rl(run_id)`: from its
+last checkpoint (policy, Adam state, random streams), in the same MLflow run, logging only the metric
+points the store does not hold yet, and ends FINISHED as if it had never stopped.
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+from rlhf_mlflow.core import checkpoint as CK
+from rlhf_mlflow.core import files as F
+from rlhf_mlflow.core import model as M
+from rlhf_mlflow.core import records as D
+from rlhf_mlflow.core.config import from_dict
+from rlhf_mlflow.core.errors import InputError
+from rlhf_mlflow.core.reward_wrapper import load_wrapper
+from rlhf_mlflow.core.world_paths import WorldPaths
+from rlhf_mlflow.tracking import runs as T
+from rlhf_mlflow.tracking.policy_model import log_policy
+from rlhf_mlflow.training import train_state as TS
+from rlhf_mlflow.training.rl_config import PATH_KEYS, RLConfig
+from rlhf_mlflow.training.train_rl import Resume, train_rl
+
+CONFIG_ARTIFACT = "run_config.json"
+
+
+def input_hashes(cfg: RLConfig) -> dict[str, str]:
+    """`<key>_sha256` of every input file or checkpoint the config names (a resume checks them)."""
+    out = {}
+    for key in PATH_KEYS:
+        path = getattr(cfg, key)
+        if path and os.path.exists(path):
+            out[f"{key}_sha256"] = CK.content_sha256(path)
+    return out
+
+
+def run_train_rl(cfg: RLConfig, world: WorldPaths | None = None, out: str | None = None,
+                 run_name: str | None = None, register: bool = True,
+                 echo: Callable[[str], None] = print, progress: bool = True, description: str | None = None,
+                 tags: dict | None = None, select: Callable[[list[tuple[int, str]]], int] | None = None,
+                 overwrite: bool = False) -> dict:
+    """Train, log and register. Returns a summary (run id, model version, final metrics).
+
+    `out` (optional) receives the checkpoints, run_config.json and log.jsonl; it must be empty or
+    hold only this run's files (its marker .rlhf_run.json), unless `overwrite` deletes what it holds.
+    `select`, given the checkpoints as (step, directory) in step order (the final one last), returns
+    the step whose policy is registered (default: the final one); the version is tagged with it.
+    """
+    recipe = run_name or f"kl{cfg.kl_coef:g}-s{cfg.steps}"
+    if out:
+        _check_out(out, cfg, overwrite)
+    # every input is read and validated before anything is logged; these records and these wrapper
+    # bytes are what the run logs and uses
+    prompts = D.read_jsonl(cfg.prompt_file)
+    wrapper = load_wrapper(cfg.reward_wrapper)
+    params = {**asdict(cfg), **(world.params() if world else {}), **input_hashes(cfg)}
+    if wrapper:
+        params["reward_wrapper_sha256"] = wrapper.sha256
+    with T.tracked_run("train_rl", params, tags={"rlhf.recipe": recipe, **(tags or {})}, run_name=recipe,
+                       description=description) as run:
+        if out:
+            F.claim_run_dir(out, run.info.run_id, overwrite)
+        if wrapper:
+            T.log_bytes(wrapper.source, os.path.basename(wrapper.path), "reward_wrapper")
+        T.log_records_input(prompts, cfg.prompt_file, "training")
+        T.log_json_artifact(asdict(cfg), CONFIG_ARTIFACT)
+        return _train(Job(cfg, run.info.run_id, recipe, params.get("world_hash", ""), prompts, wrapper),
+                      out, register, echo, progress, select)
+
+
+def resume_train_rl(run_id: str, out: str | None = None, register: bool = True,
+                    echo: Callable[[str], None] = print, progress: bool = True) -> dict:
+    """Continue a train_rl run that died, from its last checkpoint, in the same MLflow run."""
+    run = resumable_run(run_id)
+    params = run.data.params
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = _logged_config(run_id, tmp)
+        changed = [f"{k} ({getattr(cfg, k[:-len('_sha256')])})" for k, v in input_hashes(cfg).items()
+                   if params.get(k) not in (None, v)]
+        missing = [k for k in PATH_KEYS if getattr(cfg, k) and not os.path.exists(getattr(cfg, k))]
+        if missing or changed:
+            raise InputError(f"run {run_id} cannot be resumed: "
+                             + "; ".join((["missing inputs: " + ", ".join(f"{k} {getattr(cfg, k)}" for k in missing)]
+                                          if missing else [])
+                                         + (["inputs changed since it started: " + ", ".join(changed)] if changed else [])))
+        resume = _last_checkpoint(run_id, tmp)
+        start = resume.state.step if resume else 0
+        echo(f"resuming run {run_id} at step {start} of {cfg.steps}"
+             + ("" if resume else " (it saved no checkpoint: from the start)"))
+        job = Job(cfg, run_id, run.data.tags.get("rlhf.recipe", run.info.run_name), params.get("world_hash", ""),
+                  D.read_jsonl(cfg.prompt_file), load_wrapper(cfg.reward_wrapper))
+        T.use_experiment_of(run)
+        stored = T.stored_steps(run_id)
+        with T.tracked_run("train_rl", tags={"rlhf.resumed_from_step": str(start)}, run_id=run_id):
+            if out:
+                F.claim_run_dir(out, run_id)
+            return _train(job, out, register, echo, progress, None, resume, stored)
+
+
+def resumable_run(run_id: str):
+    """The run, if it is a train_rl run that stopped before finishing; else InputError saying why."""
+    run = T.get_run(run_id)
+    tags = run.data.tags
+    if tags.get("rlhf.step") != "train_rl":
+        raise InputError(f"run {run_id} is a {tags.get('rlhf.step', 'non-rlhf_mlflow')!r} run; only train_rl runs resume")
+    status = run.info.status
+    if status == "FINISHED":
+        raise InputError(f"run {run_id} already FINISHED: nothing to resume")
+    if status == "RUNNING":
+        state = T.process_state(tags)
+        if state == "alive":
+            raise InputError(f"run {run_id} is still running (pid {tags['rlhf.pid']} on this machine)")
+        if state == "unknown":
+            raise InputError(f"run {run_id} is RUNNING on host {tags.get('rlhf.host', '?')}: if its process is gone, "
+                             "run `rlhf-mlflow runs --repair` there first")
+    return run
+
+
+def _logged_config(run_id: str, tmp: str) -> RLConfig:
+    path = T.download_artifact(run_id, CONFIG_ARTIFACT, tmp)
+    if path is None:
+        raise InputError(f"run {run_id} cannot be resumed: it logged no {CONFIG_ARTIFACT}")
+    with open(path) as f:
+        return from_dict(RLConfig, json.load(f), f"run {run_id}'s {CONFIG_ARTIFACT}")
+
+
+def _last_checkpoint(run_id: str, tmp: str) -> Resume | None:
+    """The latest `checkpoints/step_N` with a training state, downloaded; None when there is none."""
+    steps = sorted((int(name[len("step_"):]) for name in T.list_artifact_names(run_id, "checkpoints")
+                    if name.startswith("step_") and name[len("step_"):].isdigit()), reverse=True)
+    for step in steps:
+        names = T.list_artifact_names(run_id, f"checkpoints/step_{step}")
+        if {TS.STATE_TENSORS, TS.STATE_META, M.WEIGHTS, "config.json"} <= set(names):
+            path = T.download_artifact(run_id, f"checkpoints/step_{step}", tmp)
+            return Resume(path, TS.load_train_state(path))
+    return None
+
+
+@dataclass(frozen=True)
+class Job:
+    """What a (new or resumed) train_rl run trains with: its config, run, recipe and validated inputs."""
+    cfg: RLConfig
+    run_id: str
+    recipe: str
+    world_hash: str
+    prompts: list[dict]
+    wrapper: object | None
+
+
+def _train(job: Job, out: str | None, register: bool, echo: Callable[[str], None], progress: bool, select,
+           resume: Resume | None = None, stored: dict[str, int] | None = None) -> dict:
+    """The training part of a train_rl run (new or resumed), inside its active MLflow run."""
+    cfg, run_id = job.cfg, job.run_id
+    with tempfile.TemporaryDirectory() as tmp:
+        ckpt_root = out or os.path.join(tmp, "policy")
+        bar = _progress(cfg.steps, progress, resume.state.step if resume else 0)
+        logger = T.MetricLogger(stored=stored)
+
+        def on_log(step, metrics):
+            logger(step, metrics)
+            bar(step, metrics)
+
+        saved = []
+
+        def on_checkpoint(step, policy, state):
+            logger.flush(synchronous=True)  # every point up to here is stored before the checkpoint exists
+            path = os.path.join(out or tmp, f"step_{step}")
+            with F.atomic_dir(path) as staging:  # the policy and its training state appear together
+                M.save_policy(policy, policy.cfg, staging)
+                TS.save_train_state(state, staging)
+            T.log_artifact(path, f"checkpoints/step_{step}")
+            saved.append((step, path))
+
+        try:
+            result = train_rl(cfg, on_log=on_log, on_checkpoint=on_checkpoint, wrapper=job.wrapper,
+                              prompts=job.prompts, resume=resume)
+        finally:  # the curves up to a failure are kept
+            logger.flush()
+            bar(None, None)
+        M.save_policy(result.policy, result.policy_config, ckpt_root)
+        T.log_artifact(ckpt_root, "checkpoints/final")
+        if out:
+            F.atomic_write_json(os.path.join(out, CONFIG_ARTIFACT), asdict(cfg))
+            F.atomic_write_text(os.path.join(out, "log.jsonl"),
+                                "".join(json.dumps({"step": step, **m}) + "\n" for step, m in result.history))
+        from rlhf_mlflow.steps.figures import family_curves
+        T.log_figure(family_curves(result.history), "figures/family_curves.png")
+        summary = {"run_id": run_id, "recipe": job.recipe, "seconds": round(result.seconds, 1),
+                   **{k: v for k, v in result.history[-1][1].items() if k.endswith("/balanced")}}
+        if register:
+            summary.update(_register(job, saved + [(cfg.steps, ckpt_root)], select, echo))
+    return summary
+
+
+def _register(job: Job, saved: list[tuple[int, str]], select, echo: Callable[[str], None]) -> dict:
+    """Register the checkpoint `select` picks (the final one by default) as a new version."""
+    step = job.cfg.steps if select is None else select(saved)
+    T.set_tags({"rlhf.registered_step": str(step)})
+    version_tags = {"run_id": job.run_id, "recipe": job.recipe, "world_hash": job.world_hash,
+                    "checkpoint_step": str(step)}
+    if job.wrapper:
+        version_tags["reward_wrapper_sha256"] = job.wrapper.sha256
+    info, version = log_policy(dict(saved)[step], tags=version_tags)
+    echo(f"registered rlhf-policy version {version.version} (run {job.run_id}, step {step})")
+    return {"model_id": info.model_id, "model_version": version.version, "registered_step": step}
+
+
+def _check_out(out: str, cfg: RLConfig, overwrite: bool) -> None:
+    """Before the run: `out` is writable and free (files.check_run_dir), and --overwrite would not
+    delete one of the run's own inputs."""
+    F.check_run_dir(out, overwrite=overwrite)
+    root = os.path.join(os.path.abspath(out), "")
+    for key in PATH_KEYS:
+        path = getattr(cfg, key)
+        if overwrite and path and os.path.join(os.path.abspath(path), "").startswith(root):
+            raise InputError(f"--out {out} --overwrite would delete {key} {path}: choose another directory")
+    if overwrite and os.path.join(os.getcwd(), "").startswith(root):
+        raise InputError(f"--out {out} --overwrite would delete the current directory: choose another directory")
+
+
+def _progress(total: int, enabled: bool, start: int = 0):
+    """A terminal progress bar on stderr when attached to a TTY; silent otherwise."""
+    import sys
+    if not (enabled and sys.stderr.isatty()):
+        return lambda step, metrics: None
+    from tqdm import tqdm
+    bar = tqdm(total=total, initial=start, unit="step", file=sys.stderr)
+    state = {"last": start}
+
+    def update(step, metrics):
+        if step is None:
+            bar.close()
+            return
+        bar.update(step - state["last"])
+        state["last"] = step
+        bar.set_postfix(proxy=f"{metrics['proxy/balanced']:.3f}", kl=f"{metrics['kl/balanced']:.2f}")
+    return update

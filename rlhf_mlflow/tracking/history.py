@@ -1,0 +1,58 @@
+"""Pandas over run history: a tidy per-family frame, a leaderboard, filters by recipe params.
+
+    from rlhf_mlflow import history
+    runs = history.runs(step="train_rl")                 # one row per run
+    tidy = history.family_frame(runs)                     # run_id, run_name, metric, family, value
+    history.leaderboard(runs, "truth/balanced")           # best first, with the recipe params
+"""
+from __future__ import annotations
+
+import pandas as pd
+
+from rlhf_mlflow.core import vocab as V
+from rlhf_mlflow.tracking.runs import search_runs
+
+FAMILY_KEYS = V.FAMILIES + ["balanced", "pilot"]
+RECIPE_PARAMS = ["kl_coef", "steps", "family_weights", "reward_wrapper", "lr", "seed"]
+
+
+def runs(step: str | None = None, filter_string: str = "", experiment_names: list[str] | None = None
+         ) -> pd.DataFrame:
+    """Runs as MLflow returns them; `step` keeps one pipeline step (train_rl, dev_eval, ...)."""
+    parts = [f"tags.`rlhf.step` = '{step}'"] if step else []
+    if filter_string:
+        parts.append(filter_string)
+    return search_runs(" and ".join(parts), experiment_names)
+
+
+def family_frame(frame: pd.DataFrame) -> pd.DataFrame:
+    """Tidy: one row per (run, metric, family) for every `metrics.<metric>/<family>` column."""
+    rows = []
+    cols = [c for c in frame.columns if c.startswith("metrics.") and c.rsplit("/", 1)[-1] in FAMILY_KEYS]
+    for _, r in frame.iterrows():
+        for c in cols:
+            if pd.notna(r[c]):
+                metric, family = c[len("metrics."):].rsplit("/", 1)
+                rows.append({"run_id": r["run_id"], "run_name": r.get("tags.mlflow.runName"),
+                             "metric": metric, "family": family, "value": float(r[c])})
+    return pd.DataFrame(rows, columns=["run_id", "run_name", "metric", "family", "value"])
+
+
+def leaderboard(frame: pd.DataFrame, metric: str = "proxy/balanced", ascending: bool = False) -> pd.DataFrame:
+    """Runs sorted by a metric, with their recipe params and balanced metrics beside it."""
+    col = f"metrics.{metric}"
+    if col not in frame.columns:
+        return pd.DataFrame(columns=["run_name", metric])
+    keep = ["run_id", "tags.mlflow.runName"] + [f"params.{p}" for p in RECIPE_PARAMS if f"params.{p}" in frame]
+    keep += sorted(c for c in frame.columns if c.startswith("metrics.") and c.endswith("/balanced"))
+    out = frame[frame[col].notna()][list(dict.fromkeys(keep + [col]))].sort_values(col, ascending=ascending)
+    out.columns = [c.split(".", 1)[-1] if c.startswith(("params.", "metrics.")) else c for c in out.columns]
+    return out.rename(columns={"tags.mlflow.runName": "run_name"}).reset_index(drop=True)
+
+
+def with_params(frame: pd.DataFrame, **params) -> pd.DataFrame:
+    """Rows whose params equal the given values (compared as MLflow stores them, strings)."""
+    mask = pd.Series(True, index=frame.index)
+    for k, v in params.items():
+        mask &= frame.get(f"params.{k}", pd.Series(index=frame.index, dtype=object)).astype(str) == str(v)
+    return frame[mask]

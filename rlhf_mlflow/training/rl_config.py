@@ -1,0 +1,103 @@
+"""The RL recipe: one frozen config (the seed's keys and defaults, a docstring under each) and how
+one is read: a JSON config file plus overrides -> a validated RLConfig with absolute paths.
+
+Relative paths inside a config file resolve against its fixture root (the directory above
+`configs/`, else the file's own directory); relative paths in overrides resolve against the current
+directory (the CLI resolves its own options against the world before passing them).
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, replace
+
+from rlhf_mlflow.core import records as D
+from rlhf_mlflow.core.config import check_range, from_dict, parse_override
+from rlhf_mlflow.core.errors import InputError, read_json
+
+PATH_KEYS = ("policy_init", "policy_ref", "reward_model", "prompt_file", "reward_wrapper")
+
+
+@dataclass(frozen=True)
+class RLConfig:
+    policy_init: str | None = None
+    """Checkpoint directory to start from (default: policy_ref)."""
+    policy_ref: str = "policy"
+    """Reference policy for the KL penalty (relative paths resolve against the fixture root)."""
+    reward_model: str = "reward_model"
+    """Reward-model checkpoint directory (rm.safetensors + config.json)."""
+    prompt_file: str = "data/prompts_train.jsonl"
+    """JSONL prompt records to train on."""
+    family_weights: dict | None = None
+    """Sampling mix over families, e.g. {"anvil": 1, "dune": 0}; default uniform over families present."""
+    kl_coef: float = 0.1
+    """beta: shaped reward = R - beta * sum_t (log pi - log pi_ref)."""
+    steps: int = 800
+    """Optimiser steps."""
+    batch_prompts: int = 16
+    """Prompts per step."""
+    samples_per_prompt: int = 8
+    """Responses sampled per prompt; the group-mean baseline needs at least 2."""
+    lr: float = 3e-4
+    """Adam learning rate."""
+    temperature: float = 1.0
+    """Sampling temperature during training."""
+    seed: int = 0
+    """Seed for initialisation, prompt draws and sampling."""
+    log_every: int = 20
+    """Report metrics every this many steps (averaged over them)."""
+    save_every: int = 0
+    """Checkpoint every this many steps (0: only the final policy)."""
+    reward_wrapper: str | None = None
+    """Python file defining transform(records, response_tokens, rewards) -> rewards, applied before the KL term."""
+    max_grad_norm: float = 1.0
+    """Gradient-norm clip."""
+
+    def __post_init__(self):
+        check_range("kl_coef", self.kl_coef, 0, None)
+        check_range("steps", self.steps, 1, None, integer=True)
+        check_range("batch_prompts", self.batch_prompts, 1, None, integer=True)
+        check_range("lr", self.lr, 0, 1, lo_open=True)
+        check_range("temperature", self.temperature, 0, None, lo_open=True)
+        check_range("seed", self.seed, 0, None, integer=True)
+        check_range("log_every", self.log_every, 1, None, integer=True)
+        check_range("save_every", self.save_every, 0, None, integer=True)
+        check_range("max_grad_norm", self.max_grad_norm, 0, None, lo_open=True)
+        if not isinstance(self.samples_per_prompt, int) or self.samples_per_prompt < 2:
+            raise InputError("samples_per_prompt must be an integer >= 2: the group-mean baseline compares "
+                             f"samples of the same prompt, got {self.samples_per_prompt!r}")
+        D.check_family_weights(self.family_weights)
+
+    def resolved(self, root: str) -> "RLConfig":
+        """Relative paths made absolute against `root`; policy_init defaults to policy_ref."""
+        def fix(p):
+            return p if p is None or os.path.isabs(p) else os.path.normpath(os.path.join(root, p))
+        out = replace(self, **{k: fix(getattr(self, k)) for k in PATH_KEYS})
+        return out if out.policy_init else replace(out, policy_init=out.policy_ref)
+
+
+def fixture_root(config_path: str) -> str:
+    d = os.path.dirname(os.path.abspath(config_path))
+    return os.path.dirname(d) if os.path.basename(d) == "configs" else d
+
+
+def parse_overrides(texts: list[str] | tuple[str, ...]) -> dict:
+    """`key=value` strings (values parsed as JSON when they are JSON) -> {key: value}."""
+    return dict(parse_override(t) for t in texts)
+
+
+def load_rl_config(config_path: str | None, overrides: dict | None = None, root: str | None = None) -> RLConfig:
+    """Config file (optional) + overrides {key: value} -> RLConfig with absolute paths."""
+    base: dict = {}
+    if config_path:
+        base = read_json(config_path, "config file not found")
+        if not isinstance(base, dict):
+            raise InputError(f"{config_path}: expected a JSON object of config keys")
+    file_root = root or (fixture_root(config_path) if config_path else os.getcwd())
+    merged = {k: v for k, v in base.items() if v is not None}
+    for k in PATH_KEYS:
+        if isinstance(merged.get(k), str) and not os.path.isabs(merged[k]):
+            merged[k] = os.path.normpath(os.path.join(file_root, merged[k]))
+    for k, v in (overrides or {}).items():
+        merged[k] = os.path.abspath(v) if k in PATH_KEYS and isinstance(v, str) else v
+    where = (config_path or "config") + (" with overrides" if overrides else "")
+    return from_dict(RLConfig, merged, where).resolved(file_root)

@@ -1,0 +1,202 @@
+"""KL-regularised REINFORCE with a group-mean baseline: the seed's RL recipe, faster.
+
+Every step: draw `batch_prompts` prompts with the family weights, sample `samples_per_prompt`
+responses each, score them with the reward model (optionally reshaped by a reward wrapper), subtract
+kl_coef * KL to the reference, and take one policy-gradient step. Metrics go to `on_log`; the caller
+decides what to save, log or register.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from rlhf_mlflow.core import model as M
+from rlhf_mlflow.core import records as D
+from rlhf_mlflow.core import reward_model as R
+from rlhf_mlflow.core import rollout
+from rlhf_mlflow.core.checkpoint import freeze
+from rlhf_mlflow.core.reward_wrapper import Transform, apply_wrapper, load_wrapper
+from rlhf_mlflow.training import rl_math
+from rlhf_mlflow.training.family_stats import FamilyAccumulator, family_of
+from rlhf_mlflow.training.rl_config import RLConfig
+from rlhf_mlflow.training.train_state import TrainState, capture, restore
+from rlhf_mlflow.training.two_process_step import Partner, available
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RLResult:
+    policy: M.Policy
+    policy_config: dict
+    history: list[tuple[int, dict]] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+METRICS = ["proxy", "reward", "shaped", "kl", "kl_k3", "entropy"]
+
+
+@dataclass
+class Frozen:
+    """The reference policy and reward model, with their first-block tables built once."""
+    ref: M.Policy
+    rm: R.RewardModel
+    ref_table: tuple[torch.Tensor, torch.Tensor]
+    rm_table: tuple[torch.Tensor, torch.Tensor]
+
+    @classmethod
+    def load(cls, cfg: RLConfig) -> "Frozen":
+        ref = freeze(M.load_policy(cfg.policy_ref)[0])
+        rm = freeze(R.load_rm(cfg.reward_model)[0])
+        with torch.inference_mode():
+            return cls(ref, rm, ref.first_layer_table(), rm.first_layer_table())
+
+
+def update(loss: torch.Tensor, params: list[torch.Tensor], opt: torch.optim.Optimizer, max_grad_norm: float) -> float:
+    """Gradients of the loss, clip, optimiser step; returns the gradient norm before clipping."""
+    for p, g in zip(params, torch.autograd.grad(loss, params)):
+        p.grad = g
+    grad_norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm, foreach=True)
+    opt.step()
+    return float(grad_norm)
+
+
+@dataclass
+class Learner:
+    """Everything one RL step needs besides its prompts; `step` runs one."""
+    cfg: RLConfig
+    policy: M.Policy
+    frozen: Frozen
+    opt: torch.optim.Optimizer
+    rng: torch.Generator
+    wrap: Transform | None
+    partner: Partner | None
+
+    def sample(self, prompts: torch.Tensor) -> tuple[torch.Tensor, Callable[[], torch.Tensor], tuple]:
+        """Sample B*G responses; returns them, a function giving their reward-model scores, and the
+        policy's first-block table (with gradient) for the forward pass."""
+        cfg, G = self.cfg, self.cfg.samples_per_prompt
+        table = self.policy.first_layer_table()
+        if self.partner is not None:  # it samples half and scores all while this process runs the policy
+            uniforms = rollout.draw_uniforms(self.policy.cfg["resp_len"], len(prompts) * G, self.rng)
+            return self.partner.sample(prompts, uniforms, table), self.partner.rewards, table
+        responses = rollout.sample_cached(self.policy, prompts, G, cfg.temperature, self.rng, table)  # (N, L)
+        frozen = self.frozen
+        return responses, lambda: R.score(frozen.rm, prompts.repeat_interleave(G, 0), responses, R.RL_CHUNK,
+                                          frozen.rm_table), table
+
+    def step(self, records: list[dict], prompts: torch.Tensor, clock: dict[str, float]
+             ) -> tuple[dict[str, torch.Tensor], torch.Tensor, float, float]:
+        """Sample, score, take one policy-gradient step. Returns per-sample metrics, the responses,
+        the loss and the gradient norm; adds seconds per phase to `clock`."""
+        cfg, G, B = self.cfg, self.cfg.samples_per_prompt, len(prompts)
+        t0 = time.perf_counter()
+        responses, scores, table = self.sample(prompts)
+        t1 = time.perf_counter()
+        logprobs, logp = rollout.grouped_logprobs(self.policy, prompts, responses, G, table)  # (N, L), (N, L, C)
+        with torch.inference_mode():
+            ref_logprobs = rollout.grouped_logprobs(self.frozen.ref, prompts, responses, G, self.frozen.ref_table)[0]
+        raw = scores()
+        rewards = raw if self.wrap is None else apply_wrapper(
+            self.wrap, cfg.reward_wrapper or "<callable>", [records[i // G] for i in range(B * G)], responses, raw)
+        with torch.no_grad():
+            lp = logprobs.detach()
+            kl = rl_math.kl_k1(lp, ref_logprobs)
+            shaped = rl_math.shaped_rewards(rewards, kl, cfg.kl_coef)
+            advantages = rl_math.group_advantages(shaped, G)
+            logp = logp.detach()
+            stats = {"proxy": raw, "reward": rewards, "shaped": shaped, "kl": kl,
+                     "kl_k3": rl_math.kl_k3(lp, ref_logprobs), "entropy": -(logp.exp() * logp).sum(-1).mean(-1)}
+        loss = rl_math.policy_gradient_loss(advantages, logprobs.sum(-1))
+        t2 = time.perf_counter()
+        grad_norm = update(loss, list(self.policy.parameters()), self.opt, cfg.max_grad_norm)
+        t3 = time.perf_counter()
+        for k, secs in (("sample", t1 - t0), ("score", t2 - t1), ("backward", t3 - t2)):
+            clock[k] = clock.get(k, 0.0) + secs
+        return stats, responses, float(loss.detach()), grad_norm
+
+
+def _report(step: int, n: int, steps_run: int, seconds: float, acc: FamilyAccumulator,
+            scalars: dict[str, float]) -> dict[str, float]:
+    """Metrics of the last n steps: per-family means, mean scalars, steps per second (over the
+    `steps_run` of them this process ran: fewer right after a resume)."""
+    metrics = acc.report()
+    metrics.update({k: v / n for k, v in scalars.items()})
+    metrics["steps_per_s"] = steps_run / max(seconds, 1e-9)
+    if not all(math.isfinite(v) for v in metrics.values()):
+        raise FloatingPointError(f"non-finite metrics at step {step}: the run diverged (try a lower lr)")
+    return metrics
+
+
+@dataclass(frozen=True)
+class Resume:
+    """Where a resumed run starts: a checkpoint's policy directory and its training state."""
+    policy_dir: str
+    state: TrainState
+
+
+OnCheckpoint = Callable[[int, M.Policy, TrainState], None]
+
+
+def train_rl(cfg: RLConfig, on_log: Callable[[int, dict], None] | None = None,
+             on_checkpoint: OnCheckpoint | None = None,
+             wrapper: Transform | None = None, timings: dict | None = None,
+             prompts: list[dict] | None = None, resume: Resume | None = None) -> RLResult:
+    """Run the RL loop on a resolved config (absolute paths). Returns the trained policy and history.
+
+    `wrapper` (a loaded RewardWrapper or any transform) and `prompts` (validated prompt records), when
+    given, are used instead of reading cfg.reward_wrapper and cfg.prompt_file again.
+    `on_checkpoint(step, policy, state)` is called every `save_every` steps with what a later `resume`
+    needs; resumed from such a checkpoint, the run continues as if it had never stopped.
+    `timings`, when given, accumulates seconds spent sampling, scoring (reward, log-probs, KL) and in
+    backward + optimiser step.
+    """
+    clock = {} if timings is None else timings
+    for k in ("sample", "score", "backward"):
+        clock.setdefault(k, 0.0)
+    torch.manual_seed(cfg.seed)
+    rng = torch.Generator().manual_seed(cfg.seed + 1)
+    policy, pcfg = M.load_policy(resume.policy_dir if resume else (cfg.policy_init or cfg.policy_ref))
+    sampler = D.PromptSampler(prompts or D.read_jsonl(cfg.prompt_file), cfg.family_weights)
+    opt = torch.optim.Adam(policy.parameters(), lr=cfg.lr, fused=True)
+    acc, scalars, result = FamilyAccumulator(METRICS), {"loss": 0.0, "grad_norm": 0.0}, RLResult(policy, pcfg)
+    start = 0
+    if resume is not None:
+        scalars, result.history = restore(resume.state, opt, rng, acc)
+        start = resume.state.step
+    t_start = t_window = time.perf_counter()
+    window_from = start
+    frozen, wrap = Frozen.load(cfg), wrapper or load_wrapper(cfg.reward_wrapper)
+    # with two cores, a partner process samples half of each batch and runs the reward model
+    with contextlib.ExitStack() as stack:
+        partner = None
+        if available(torch.get_num_threads(), cfg.batch_prompts):
+            partner = stack.enter_context(Partner(policy, frozen.rm, frozen.rm_table, cfg.batch_prompts,
+                                                  cfg.samples_per_prompt, cfg.temperature))
+        learner = Learner(cfg, policy, frozen, opt, rng, wrap, partner)
+        for step in range(start + 1, cfg.steps + 1):
+            records, prompts = sampler.sample(cfg.batch_prompts, rng)
+            stats, responses, loss, grad_norm = learner.step(records, prompts, clock)
+            acc.add(family_of(prompts).repeat_interleave(cfg.samples_per_prompt), stats, responses)
+            scalars["loss"] += loss
+            scalars["grad_norm"] += grad_norm
+            if step % cfg.log_every == 0 or step == cfg.steps:
+                n = cfg.log_every if step % cfg.log_every == 0 else step % cfg.log_every
+                seconds = time.perf_counter() - t_window
+                result.history.append((step, _report(step, n, step - window_from, seconds, acc, scalars)))
+                if on_log is not None:
+                    on_log(*result.history[-1])
+                acc.reset()
+                scalars = dict.fromkeys(scalars, 0.0)
+                t_window, window_from = time.perf_counter(), step
+            if cfg.save_every and step % cfg.save_every == 0 and step != cfg.steps and on_checkpoint is not None:
+                on_checkpoint(step, policy, capture(step, opt, rng, acc, scalars, result.history))
+    policy.eval()
+    result.seconds = time.perf_counter() - t_start
+    return result
