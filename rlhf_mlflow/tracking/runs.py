@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import tempfile
 import time
@@ -12,13 +13,16 @@ from contextlib import contextmanager
 
 import mlflow
 
+from .default_experiment import EXPERIMENT
+
+log = logging.getLogger(__name__)
+
 # A progress bar per tiny artifact download and a warning per logged dataset input drown the steps'
 # own output (main downloads dozens); a user's own setting wins.
 os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
 warnings.filterwarnings("ignore", message="The specified dataset source can be interpreted in multiple ways",
                         category=UserWarning)
 
-EXPERIMENT = "rlhf_mlflow"
 MAX_PARAM = 6000
 
 
@@ -33,6 +37,22 @@ def _ensure_experiment() -> None:
         mlflow.set_experiment(os.environ.get("MLFLOW_EXPERIMENT_NAME", EXPERIMENT))
 
 
+def _warn_if_default(run: mlflow.ActiveRun) -> None:
+    # `mlflow run` started outside a checkout, or by an `mlflow` whose environment lacks this package
+    # (so without its default-experiment provider), puts its run in MLflow's Default experiment
+    if os.environ.get("MLFLOW_EXPERIMENT_NAME") == "Default":
+        return
+    if mlflow.get_experiment(run.info.experiment_id).name == "Default":
+        log.warning("warning: this run is in MLflow's Default experiment, not %s: pass `--experiment-name %s` "
+                    "to `mlflow run` (or set MLFLOW_EXPERIMENT_NAME=%s)", EXPERIMENT, EXPERIMENT, EXPERIMENT)
+
+
+def environment_tags() -> dict:
+    """The torch build the step runs on (`rlhf.torch_cuda` is `none` for the CPU build)."""
+    import torch
+    return {"rlhf.torch": torch.__version__, "rlhf.torch_cuda": torch.version.cuda or "none"}
+
+
 @contextmanager
 def tracked_run(step: str, params: dict | None = None, tags: dict | None = None,
                 description: str | None = None, run_name: str | None = None,
@@ -40,9 +60,12 @@ def tracked_run(step: str, params: dict | None = None, tags: dict | None = None,
     """An MLflow run for one pipeline step; marked FAILED (and re-raised) if the body raises. Inside
     another step's run (the `main` pipeline) it is a child run."""
     _ensure_experiment()
+    launched = os.environ.get("MLFLOW_RUN_ID")  # the launcher's run; start_run unsets the variable
     nested = nested or mlflow.active_run() is not None
     run = mlflow.start_run(run_name=run_name, description=description, nested=nested,
-                           tags={"rlhf.step": step, **(tags or {})})
+                           tags={"rlhf.step": step, **environment_tags(), **(tags or {})})
+    if launched and run.info.run_id == launched:
+        _warn_if_default(run)
     try:
         if params:
             log_params(params)
