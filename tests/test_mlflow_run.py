@@ -4,7 +4,11 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import subprocess
+import sys
+import time
 import tomllib
+from importlib.metadata import entry_points
 
 import mlflow
 import pytest
@@ -74,3 +78,66 @@ def test_a_launched_run_in_default_warns_and_records_torch(experiment, caplog, m
     import torch
     assert tags["rlhf.torch"] == torch.__version__
     assert tags["rlhf.torch_cuda"] == (torch.version.cuda or "none")
+
+
+def _mlflow_run(args, cwd, env):
+    t0 = time.monotonic()
+    out = subprocess.run(["mlflow", "run", ".", *args], cwd=cwd, env=env, capture_output=True, text=True)
+    seconds = time.monotonic() - t0
+    log = out.stdout + out.stderr
+    assert out.returncode == 0, log[-4000:]
+    return seconds, log
+
+
+def _du_mb(path):
+    return sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(path) for f in fs
+               if not os.path.islink(os.path.join(d, f))) / 2 ** 20
+
+
+@pytest.mark.slow
+def test_mlflow_run_as_typed_on_a_fresh_clone(tmp_path, tiny_world, tracking_uri):
+    """The issue's command on a fresh clone, no conda on PATH, `make run`'s venv first on PATH: MLflow
+    builds the run's environment from python_env.yaml once and reuses it; runs land in rlhf_mlflow."""
+    venv_bin = os.path.dirname(sys.executable)  # the venv running the tests (`make run` / `make test`'s)
+    assert any(e.name == "rlhf_mlflow" for e in entry_points(group="mlflow.default_experiment_provider")), \
+        "this venv predates pyproject.toml's MLflow plugin: reinstall it (make .venv/.installed)"
+    clone = tmp_path / "clone"
+    subprocess.run(["git", "clone", "-q", ROOT, str(clone)], check=True)
+    path = [p for p in os.environ["PATH"].split(os.pathsep)
+            if p and "conda" not in p and not os.path.exists(os.path.join(p, "conda"))]
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PYTHONPATH", "VIRTUAL_ENV", "MLFLOW_EXPERIMENT_NAME", "MLFLOW_EXPERIMENT_ID", "MLFLOW_RUN_ID")}
+    env_root = tmp_path / "envs"  # MLflow's environment cache, private so the first run builds it
+    env.update(PATH=os.pathsep.join([venv_bin, *path]), MLFLOW_TRACKING_URI=tracking_uri,
+               MLFLOW_ENV_ROOT=str(env_root))
+    assert shutil.which("conda", path=env["PATH"]) is None
+    args = ["-e", "train_rl", "-P", "kl_coef=0.05", "-P", "steps=20", "-P", f"world={tiny_world}"]
+    try:
+        first, log1 = _mlflow_run(args, clone, env)
+        second, log2 = _mlflow_run(args, clone, env)
+        local, _ = _mlflow_run([*args, "--env-manager", "local"], clone, env)
+        (made,) = os.listdir(env_root)
+        assert "Creating a new environment" in log1 and f"Environment {env_root / made} already exists" in log2
+        probe = subprocess.run([str(env_root / made / "bin" / "python"), "-c",
+                                "import torch; print(torch.__version__, torch.version.cuda)"],
+                               capture_output=True, text=True, check=True).stdout.split()
+        size_mb = _du_mb(env_root / made)
+    finally:
+        shutil.rmtree(env_root, ignore_errors=True)  # ~2 GB
+    print(f"\nmlflow run (virtualenv): first {first:.0f} s, second {second:.0f} s; "
+          f"--env-manager local {local:.0f} s; environment {size_mb:.0f} MB")
+    assert probe == ["2.13.0+cpu", "None"], probe
+    assert second < first
+
+    client = mlflow.MlflowClient()
+    exp = client.get_experiment_by_name("rlhf_mlflow")
+    runs = client.search_runs([exp.experiment_id], "tags.`rlhf.step` = 'train_rl'", order_by=["start_time ASC"])
+    assert len(runs) == 3
+    assert client.search_runs(["0"]) == []  # nothing in Default
+    for run, manager in zip(runs, ["virtualenv", "virtualenv", None]):
+        assert run.info.status == "FINISHED"
+        assert run.data.tags.get("mlflow.project.env") == manager
+        assert run.data.tags["rlhf.torch_cuda"] == "none"
+        assert run.data.params["kl_coef"] == "0.05" and run.data.params["steps"] == "20"
+    versions = client.search_model_versions("name = 'rlhf-policy'")
+    assert sorted(v.tags["run_id"] for v in versions) == sorted(r.info.run_id for r in runs)
