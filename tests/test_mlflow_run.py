@@ -70,6 +70,7 @@ def test_a_launched_run_in_default_warns_and_records_torch(experiment, caplog, m
     exp_id = exp.experiment_id if exp else mlflow.create_experiment(experiment)
     launched = mlflow.MlflowClient().create_run(exp_id)
     monkeypatch.setenv("MLFLOW_RUN_ID", launched.info.run_id)
+    mlflow.set_experiment(experiment_id=exp_id)  # this process's experiment is the launcher's, not an earlier test's
     with caplog.at_level(logging.WARNING), T.tracked_run("probe") as run:
         assert run.info.run_id == launched.info.run_id
     warned = "this run is in MLflow's Default experiment" in caplog.text
