@@ -18,6 +18,7 @@ from click.testing import CliRunner
 from test_certify import sharpened
 
 from rlhf_mlflow.cli import cli
+from rlhf_mlflow.core.process import process_tags
 from rlhf_mlflow.tracking import runs as T
 from rlhf_mlflow.tracking.policy_model import REGISTERED_MODEL, log_policy
 from rlhf_mlflow.tracking.release_lock import lock_name
@@ -160,7 +161,7 @@ def _dead_pid() -> int:
 def test_a_dead_releases_lock_is_broken_and_a_live_one_waited_for(versions):
     v = next(iter(versions))
     name = lock_name(REGISTERED_MODEL)
-    holder = {**T.process_tags(), "token": "x", "run_id": "someone", "expires_at": f"{time.time() + 600:.0f}"}
+    holder = {**process_tags(), "token": "x", "run_id": "someone", "expires_at": f"{time.time() + 600:.0f}"}
     _client().create_registered_model(name, tags=holder)  # held by this (live) process
     res = _run("release", "--model-version", v, "--guardrails", LENIENT, "--lock-wait", 1)
     assert res.exit_code == 1 and "is held by run someone" in res.output and "runs --repair" in res.output
@@ -177,7 +178,7 @@ def test_a_dead_releases_lock_is_broken_and_a_live_one_waited_for(versions):
 def test_repair_fails_runs_whose_process_is_gone_and_settles_cut_short_releases(versions):
     v = next(iter(versions))
     dead = _client().create_run(mlflow.get_experiment_by_name("rlhf_mlflow").experiment_id,
-                                tags={**T.process_tags(), "rlhf.pid": str(_dead_pid()), "rlhf.step": "train_rl"})
+                                tags={**process_tags(), "rlhf.pid": str(_dead_pid()), "rlhf.step": "train_rl"})
     _client().set_registered_model_alias(REGISTERED_MODEL, "champion", v)
     _client().set_model_version_tag(REGISTERED_MODEL, v, "release.decision", "promoting")
     res = _run("runs", "--repair", "--dry-run")

@@ -1,8 +1,10 @@
-"""Process-level settings: torch thread count from the environment, malloc behaviour, signals."""
+"""Process-level settings (torch threads, malloc behaviour, signals) and a process's identity (host, pid and
+start time), which tells a run whose process is gone from one still going."""
 from __future__ import annotations
 
 import ctypes
 import os
+import socket
 
 import torch
 
@@ -45,3 +47,26 @@ def handle_signals() -> None:
 
 def _interrupt(signum, frame) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
+
+
+def process_tags() -> dict[str, str]:
+    """This process, as tags: host, pid and the pid's start time (pids are reused)."""
+    return {"rlhf.host": socket.gethostname(), "rlhf.pid": str(os.getpid()),
+            "rlhf.pid_start": str(pid_start(os.getpid()))}
+
+
+def pid_start(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot (Linux /proc), or None where unknown."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def process_state(tags: dict) -> str:
+    """'alive', 'gone' or 'unknown' (another host, or no process tags) for a run's process tags."""
+    if tags.get("rlhf.host") != socket.gethostname() or not tags.get("rlhf.pid", "").isdigit():
+        return "unknown"
+    start = pid_start(int(tags["rlhf.pid"]))
+    return "alive" if start is not None and str(start) == tags.get("rlhf.pid_start") else "gone"

@@ -19,6 +19,7 @@ from rlhf_mlflow.core import model as M
 from rlhf_mlflow.core import records as D
 from rlhf_mlflow.core.config import from_dict
 from rlhf_mlflow.core.errors import InputError
+from rlhf_mlflow.core.process import process_state
 from rlhf_mlflow.core.reward_wrapper import load_wrapper
 from rlhf_mlflow.core.world_paths import WorldPaths
 from rlhf_mlflow.tracking import runs as T
@@ -113,7 +114,7 @@ def resumable_run(run_id: str):
     if status == "FINISHED":
         raise InputError(f"run {run_id} already FINISHED: nothing to resume")
     if status == "RUNNING":
-        state = T.process_state(tags)
+        state = process_state(tags)
         if state == "alive":
             raise InputError(f"run {run_id} is still running (pid {tags['rlhf.pid']} on this machine)")
         if state == "unknown":

@@ -22,7 +22,7 @@ import mlflow
 from mlflow.exceptions import MlflowException
 
 from rlhf_mlflow.core.errors import GateError
-from rlhf_mlflow.tracking.runs import process_state, process_tags
+from rlhf_mlflow.core.process import process_state, process_tags
 
 log = logging.getLogger(__name__)
 SUFFIX = ".release-lock"

@@ -14,9 +14,9 @@ import time
 
 import mlflow
 
+from rlhf_mlflow.core.process import process_state
 from rlhf_mlflow.tracking import registry as REG
 from rlhf_mlflow.tracking.release_lock import SUFFIX, break_lock, stale_reason
-from rlhf_mlflow.tracking.runs import process_state
 
 
 def repair(dry_run: bool = False) -> list[str]:

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
-import socket
 import tempfile
 import time
 import warnings
@@ -14,6 +14,10 @@ from contextlib import contextmanager
 import mlflow
 
 from rlhf_mlflow.core.errors import InputError
+from rlhf_mlflow.core.process import process_tags
+from rlhf_mlflow.tracking.default_experiment import EXPERIMENT
+
+log = logging.getLogger(__name__)
 
 # A progress bar per tiny artifact download and a warning per logged dataset input drown the steps'
 # own output (main downloads dozens); a user's own setting wins.
@@ -21,7 +25,6 @@ os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
 warnings.filterwarnings("ignore", message="The specified dataset source can be interpreted in multiple ways",
                         category=UserWarning)
 
-EXPERIMENT = "rlhf_mlflow"
 MAX_PARAM = 6000
 
 
@@ -36,6 +39,22 @@ def _ensure_experiment() -> None:
         mlflow.set_experiment(os.environ.get("MLFLOW_EXPERIMENT_NAME", EXPERIMENT))
 
 
+def _warn_if_default(run: mlflow.ActiveRun) -> None:
+    # `mlflow run` started outside a checkout, or by an `mlflow` whose environment lacks this package
+    # (so without its default-experiment provider), puts its run in MLflow's Default experiment
+    if os.environ.get("MLFLOW_EXPERIMENT_NAME") == "Default":
+        return
+    if mlflow.get_experiment(run.info.experiment_id).name == "Default":
+        log.warning("warning: this run is in MLflow's Default experiment, not %s: pass `--experiment-name %s` "
+                    "to `mlflow run` (or set MLFLOW_EXPERIMENT_NAME=%s)", EXPERIMENT, EXPERIMENT, EXPERIMENT)
+
+
+def environment_tags() -> dict:
+    """The torch build the step runs on (`rlhf.torch_cuda` is `none` for the CPU build)."""
+    import torch
+    return {"rlhf.torch": torch.__version__, "rlhf.torch_cuda": torch.version.cuda or "none"}
+
+
 @contextmanager
 def tracked_run(step: str, params: dict | None = None, tags: dict | None = None,
                 description: str | None = None, run_name: str | None = None,
@@ -46,13 +65,16 @@ def tracked_run(step: str, params: dict | None = None, tags: dict | None = None,
     The run is tagged with this process (host, pid, start time) so that `rlhf-mlflow runs --repair`
     can tell a run whose process is gone from one still going."""
     _ensure_experiment()
+    launched = os.environ.get("MLFLOW_RUN_ID")  # the launcher's run; start_run unsets the variable
     nested = nested or mlflow.active_run() is not None
-    all_tags = {"rlhf.step": step, **(tags or {}), **process_tags()}
+    all_tags = {"rlhf.step": step, **environment_tags(), **(tags or {}), **process_tags()}
     if run_id:
         run = mlflow.start_run(run_id=run_id, nested=nested)
         set_tags(all_tags)
     else:
         run = mlflow.start_run(run_name=run_name, description=description, nested=nested, tags=all_tags)
+    if launched and run.info.run_id == launched:
+        _warn_if_default(run)
     try:
         if params:
             log_params(params)
@@ -72,29 +94,6 @@ def _end(status: str) -> None:
         mlflow.flush_async_logging()
     finally:
         mlflow.end_run(status=status)
-
-
-def process_tags() -> dict[str, str]:
-    """This process, as tags: host, pid and the pid's start time (pids are reused)."""
-    return {"rlhf.host": socket.gethostname(), "rlhf.pid": str(os.getpid()),
-            "rlhf.pid_start": str(pid_start(os.getpid()))}
-
-
-def pid_start(pid: int) -> int | None:
-    """The process's start time in clock ticks since boot (Linux /proc), or None where unknown."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return int(f.read().rsplit(")", 1)[1].split()[19])
-    except (OSError, IndexError, ValueError):
-        return None
-
-
-def process_state(tags: dict) -> str:
-    """'alive', 'gone' or 'unknown' (another host, or no process tags) for a run's process tags."""
-    if tags.get("rlhf.host") != socket.gethostname() or not tags.get("rlhf.pid", "").isdigit():
-        return "unknown"
-    start = pid_start(int(tags["rlhf.pid"]))
-    return "alive" if start is not None and str(start) == tags.get("rlhf.pid_start") else "gone"
 
 
 def log_params(params: dict) -> None:
