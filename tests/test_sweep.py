@@ -1,7 +1,6 @@
 """Recipe sweeps: grid parsing and ranking by hand, then a real local Ray sweep of 4 tiny trials."""
 from __future__ import annotations
 
-import importlib.util
 import json
 
 import mlflow
@@ -131,16 +130,15 @@ def test_cluster_sweep_refuses_a_local_store(tiny_world):
 def test_bad_grid_value_or_guardrail_fails_before_any_run(tiny_world):
     res = CliRunner().invoke(cli, ["sweep", "--world", tiny_world, "--grid", "kl_coef=0.1,-1"])
     assert res.exit_code == 1 and "kl_coef must be a number in [0, inf)" in res.output
-    if importlib.util.find_spec("rlhf_mlflow.guardrails"):
-        res = CliRunner().invoke(cli, ["sweep", "--world", tiny_world, "--guardrail", "max_kl=3"])
-        assert res.exit_code == 1 and "unknown guardrail key 'max_kl'" in res.output
+    res = CliRunner().invoke(cli, ["sweep", "--world", tiny_world, "--guardrail", "max_kl=3"])
+    assert res.exit_code == 1 and "unknown guardrail key 'max_kl'" in res.output
     assert not mlflow.search_runs(search_all_experiments=True, output_format="list")
 
 
 def test_sweep_and_server_modules_import_without_mlflow():
     import subprocess
     import sys
-    code = ("import sys\nimport rlhf_mlflow.sweep, rlhf_mlflow.server, rlhf_mlflow.postgres\n"
+    code = ("import sys\nimport rlhf_mlflow.steps.ray_tune, rlhf_mlflow.tracking.server, rlhf_mlflow.tracking.postgres\n"
             "bad = [m for m in sys.modules if m == 'mlflow' or m.startswith('mlflow.')]\nassert not bad, bad\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
