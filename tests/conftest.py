@@ -46,3 +46,26 @@ def pg_server():
     yield server
     server.stop()
     shutil.rmtree(root, ignore_errors=True)
+
+
+def store_made_once(tmp_path_factory, name: str, build):
+    """(directory, build(directory)) with `build` run against a fresh sqlite store in that directory:
+    for a module whose tests each start from the same registered, certified versions (copy_store)."""
+    import mlflow
+    root = tmp_path_factory.mktemp(name)
+    uri = f"sqlite:///{root}/mlflow.db"
+    cwd, prior = os.getcwd(), mlflow.get_tracking_uri()
+    os.chdir(root)
+    mlflow.set_tracking_uri(uri)
+    try:
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv("MLFLOW_TRACKING_URI", uri)
+            return root, build(root)
+    finally:
+        os.chdir(cwd)
+        mlflow.set_tracking_uri(prior)
+
+
+def copy_store(root, tmp_path) -> None:
+    """The test's own copy of a store_made_once store (its artifacts stay where the module made them)."""
+    shutil.copy(root / "mlflow.db", tmp_path / "mlflow.db")

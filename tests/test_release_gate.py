@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import shutil
 import subprocess
 import sys
 import time
@@ -15,6 +14,7 @@ import time
 import mlflow
 import pytest
 from click.testing import CliRunner
+from conftest import copy_store, store_made_once
 from test_certify import sharpened
 
 from rlhf_mlflow.cli import cli
@@ -59,26 +59,14 @@ def _certified_versions(world: str, tmp_path, factors=FACTORS) -> dict[str, floa
 @pytest.fixture(scope="module")
 def certified_store(tiny_world, tmp_path_factory):
     """A store holding the six FACTORS versions, certified (made once for the module)."""
-    root = tmp_path_factory.mktemp("gate")
-    uri = f"sqlite:///{root}/mlflow.db"
-    cwd, prior = os.getcwd(), mlflow.get_tracking_uri()
-    os.chdir(root)
-    mlflow.set_tracking_uri(uri)
-    try:
-        with pytest.MonkeyPatch.context() as mp:
-            mp.setenv("MLFLOW_TRACKING_URI", uri)
-            versions = _certified_versions(tiny_world, root)
-    finally:
-        os.chdir(cwd)
-        mlflow.set_tracking_uri(prior)
-    return root, versions
+    return store_made_once(tmp_path_factory, "gate", lambda root: _certified_versions(tiny_world, root))
 
 
 @pytest.fixture
 def versions(certified_store, tmp_path, tracking_uri) -> dict[str, float]:
-    """This test's own copy of the certified store (its artifacts stay where the module made them)."""
+    """This test's own copy of the certified store."""
     root, versions = certified_store
-    shutil.copy(root / "mlflow.db", tmp_path / "mlflow.db")
+    copy_store(root, tmp_path)
     return dict(versions)
 
 
