@@ -1,5 +1,5 @@
 """The certifiable frontier: the best TRUE quality a policy can reach while every family stays
-certifiable by the release rule (`certify.support`: Kish ESS >= 10 of the 100 expert rows and PSIS
+certifiable by the release rule (`decisions/overlap.support`: Kish ESS >= 10 of the 100 expert rows and PSIS
 k-hat <= 0.7 on their importance weights w = pi(y|x) / pi_ref(y|x), and the population ESS
 100 / E_ref[w^2] >= 10, which certify estimates from the policy's own samples).
 

@@ -7,7 +7,7 @@ import sys
 
 import click
 
-from rlhf_mlflow.cli import evaluate, history, release, scale_out, train, world
+from rlhf_mlflow.cli import evaluate, history, labels, release, scale_out, train, world
 from rlhf_mlflow.core.errors import InputError
 
 
@@ -40,6 +40,6 @@ def cli():
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
 
 
-for _module in (world, train, evaluate, release, history, scale_out):
+for _module in (world, train, evaluate, release, labels, history, scale_out):
     for _command in _module.COMMANDS:
         cli.add_command(_command)

@@ -1,7 +1,8 @@
 """The portable commands, on plain paths in the seed's layout and without MLflow:
 
-    python -m rlhf_mlflow.certify --policy D --reference D --gold F --out F [--rm-dir D ...]
+    python -m rlhf_mlflow.certify --policy D --reference D --gold F --out F [--rm-dir D ...] [--policy-labels F]
     python -m rlhf_mlflow.diagnostic --rm-dir D --policy-dir D --prompts F --out F
+    python -m rlhf_mlflow.label_requests --policy D --reference D --gold F --per-family K --out F
 
 Same computation as the `certify` and `diagnostic` steps (decisions/), JSON to --out; bad input prints
 `error: ...` and exits 2, with no output file.
@@ -9,11 +10,12 @@ Same computation as the `certify` and `diagnostic` steps (decisions/), JSON to -
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from collections.abc import Callable
 
 from rlhf_mlflow.core.errors import InputError
-from rlhf_mlflow.core.files import atomic_write_json, check_writable
+from rlhf_mlflow.core.files import atomic_write_json, atomic_write_text, check_writable
 
 
 def certify_main(argv: list[str] | None = None) -> int:
@@ -27,14 +29,41 @@ def certify_main(argv: list[str] | None = None) -> int:
     ap.add_argument("--correction", default=None, help="reward wrapper applied to the reward model's scores")
     ap.add_argument("--diagnostic", default=None, help="diagnostic evidence JSON (shortcut counts)")
     ap.add_argument("--pilot-prompts", default=None, help="prompt file whose family mix defines `pilot`")
+    ap.add_argument("--policy-labels", default=None, help="expert labels on the policy's own responses (JSONL)")
+    ap.add_argument("--min-labels", type=int, default=20, help="labels a family needs to be certified from them")
+    ap.add_argument("--label-looks", type=int, default=1, help="rounds of labels looked at (union bound)")
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args(argv)
 
     def work() -> dict:
         from rlhf_mlflow.decisions.certify import CertifyConfig, certify
+        cfg = CertifyConfig(seed=a.seed, min_labels=a.min_labels, label_looks=a.label_looks)
         return certify(a.policy, a.reference, a.gold, rm_dir=a.rm_dir, correction=a.correction,
-                       diagnostic=a.diagnostic, pilot_prompts=a.pilot_prompts, cfg=CertifyConfig(seed=a.seed))
+                       diagnostic=a.diagnostic, pilot_prompts=a.pilot_prompts, cfg=cfg, policy_labels=a.policy_labels)
     return _run(work, a.out)
+
+
+def label_requests_main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m rlhf_mlflow.label_requests",
+                                 description="The policy's own responses on the expert set's prompts, to be labelled.")
+    ap.add_argument("--policy", required=True, help="policy checkpoint directory")
+    ap.add_argument("--reference", required=True, help="reference policy directory (the expert set's sampler)")
+    ap.add_argument("--gold", required=True, help="expert set: labelled JSONL whose prompts are used")
+    ap.add_argument("--per-family", type=int, required=True, help="requests per family")
+    ap.add_argument("--families", default=None, help="comma-separated families (default: all)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", required=True, help="where to write the requests (JSONL)")
+    a = ap.parse_args(argv)
+
+    def work() -> list[dict]:
+        from rlhf_mlflow.core import model as M
+        from rlhf_mlflow.core import records as D
+        from rlhf_mlflow.decisions.label_requests import draw_requests
+        M.load_policy(a.reference)  # checked, like certify's reference
+        families = [f.strip() for f in a.families.split(",")] if a.families else None
+        return draw_requests(M.load_policy(a.policy)[0], D.read_jsonl(a.gold, labelled=True), a.per_family,
+                             families, a.seed)
+    return _run(work, a.out, jsonl=True)
 
 
 def diagnostic_main(argv: list[str] | None = None) -> int:
@@ -54,7 +83,7 @@ def diagnostic_main(argv: list[str] | None = None) -> int:
     return _run(work, a.out)
 
 
-def _run(work: Callable[[], dict], out: str) -> int:
+def _run(work: Callable[[], dict | list[dict]], out: str, jsonl: bool = False) -> int:
     from rlhf_mlflow.core.process import configure_threads
     configure_threads()
     try:
@@ -63,5 +92,8 @@ def _run(work: Callable[[], dict], out: str) -> int:
     except InputError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    atomic_write_json(out, result)
+    if jsonl:
+        atomic_write_text(out, "".join(json.dumps(r) + "\n" for r in result))
+    else:
+        atomic_write_json(out, result)
     return 0

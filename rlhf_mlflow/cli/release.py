@@ -32,9 +32,16 @@ from rlhf_mlflow.core.files import check_writable
 @click.option("--min-ess", type=float, default=10.0, show_default=True, help="Refuse families with fewer effective expert samples.")
 @click.option("--max-khat", type=float, default=0.7, show_default=True, help="Refuse families whose weight tail k-hat is above this.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the policy samples and bootstrap.")
+@click.option("--policy-labels", default=None,
+              help="Expert labels on the version's own responses (label-requests -> expert-label): families with "
+                   "enough of them are certified from them.")
+@click.option("--min-labels", type=int, default=20, show_default=True,
+              help="Policy labels a family needs to be certified from them.")
+@click.option("--label-looks", type=int, default=1, show_default=True,
+              help="Rounds of labels looked at so far: every interval is union-bounded over them.")
 @click.option("--out", default=None, help="Also write the certification JSON here.")
 def certify_cmd(model_version, policy, world, reference, gold, rm_dir, correction, diagnostic, pilot_prompts,
-                min_ess, max_khat, seed, out):
+                min_ess, max_khat, seed, policy_labels, min_labels, label_looks, out):
     """Certify a policy's true quality per family from the expert set, as an MLflow run."""
     from rlhf_mlflow.decisions.certify import CertifyConfig
     from rlhf_mlflow.steps.certify import run_certify
@@ -43,7 +50,9 @@ def certify_cmd(model_version, policy, world, reference, gold, rm_dir, correctio
     paths = None if (reference and gold) else resolve_world(world)
     res = run_certify(version=model_version, policy=policy, world=paths, reference=reference, gold=gold,
                       rm_dir=rm_dir, correction=correction, diagnostic=diagnostic, pilot_prompts=pilot_prompts,
-                      cfg=CertifyConfig(min_ess=min_ess, max_khat=max_khat, seed=seed), echo=echo_err, out=out)
+                      cfg=CertifyConfig(min_ess=min_ess, max_khat=max_khat, seed=seed, min_labels=min_labels,
+                                        label_looks=label_looks),
+                      echo=echo_err, out=out, policy_labels=policy_labels)
     echo_json({"run_id": res["run_id"], "balanced": res["report"]["balanced"]})
 
 
@@ -82,7 +91,9 @@ def grade_cmd(model_version, world, n):
               help="Multiply every recipe's steps (for a quick look).")
 @click.option("--out", default="outputs/main", show_default=True,
               help="Directory for the diagnostic evidence, the correction and the ceiling checkpoint.")
-def main_cmd(world, steps_scale, out):
+@click.option("--label-budget", type=click.IntRange(0), default=600, show_default=True,
+              help="Expert labels main may buy on candidates' own responses (0: certify from the expert set only).")
+def main_cmd(world, steps_scale, out, label_budget):
     """The whole story: history, diagnostic, correction, candidates, certify, release, grade, summary."""
     from rlhf_mlflow.steps.main import run_main
     from rlhf_mlflow.steps.reports import markdown_table
@@ -91,7 +102,7 @@ def main_cmd(world, steps_scale, out):
     paths = resolve_world(world)
     if steps_scale <= 0:
         raise InputError(f"--steps-scale must be > 0, got {steps_scale}")
-    table = run_main(paths, os.path.abspath(out), steps_scale, echo=echo_err)
+    table = run_main(paths, os.path.abspath(out), steps_scale, echo=echo_err, label_budget=label_budget)
     click.echo(markdown_table(table))
     c = table.attrs.get("ceiling")
     if c:

@@ -31,14 +31,17 @@ import torch
 from rlhf_mlflow.core import model as M
 from rlhf_mlflow.core import records as D
 from rlhf_mlflow.core import reward_model as R
-from rlhf_mlflow.core import rollout
 from rlhf_mlflow.core import shortcut_rules as SR
 from rlhf_mlflow.core import vocab as V
 from rlhf_mlflow.core.checkpoint import content_sha256
 from rlhf_mlflow.core.config import check_range
 from rlhf_mlflow.core.errors import InputError
 from rlhf_mlflow.core.reward_wrapper import RewardWrapper, apply_wrapper, load_wrapper
+from rlhf_mlflow.decisions import labelled as L
 from rlhf_mlflow.decisions import ope_math as O
+from rlhf_mlflow.decisions.label_requests import check_labels
+from rlhf_mlflow.decisions.overlap import log_ratios, own_samples, support
+from rlhf_mlflow.decisions.overlap import weight_support as _weight_support
 
 
 @dataclass(frozen=True)
@@ -57,6 +60,10 @@ class CertifyConfig:
     """Sampling temperature at which the policy is deployed (and the expert set was drawn)."""
     seed: int = 0
     """Seed of the policy samples and the bootstrap."""
+    min_labels: int = L.MIN_LABELS
+    """A family with at least this many expert labels on the policy's own samples is certified from them."""
+    label_looks: int = 1
+    """How many times labels bought in rounds are looked at: every interval is union-bounded over them."""
 
     def __post_init__(self):
         check_range("min_ess", self.min_ess, 1)
@@ -65,6 +72,8 @@ class CertifyConfig:
         check_range("n_boot", self.n_boot, 100, integer=True)
         check_range("level", self.level, 0, 1, lo_open=True)
         check_range("temperature", self.temperature, 0, lo_open=True)
+        check_range("min_labels", self.min_labels, 2, integer=True)
+        check_range("label_looks", self.label_looks, 1, integer=True)
 
 
 @torch.no_grad()
@@ -72,34 +81,20 @@ def family_evidence(policy, reference, rm, wrapper, gold: list[dict], cfg: Certi
                     shortcuts: list[dict], gen: torch.Generator) -> dict:
     """The arrays one family's estimates are computed from (numpy, one row per expert sample)."""
     prompts, responses = D.prompts_tensor(gold), D.responses_tensor(gold)
-    log_ratios = _log_ratios(policy, reference, prompts, responses)
+    lw = log_ratios(policy, reference, prompts, responses)
     K = cfg.samples_per_prompt
-    own, ref_own, own_lw = _own_samples(policy, reference, prompts, cfg, gen)
+    own, ref_own, own_lw = own_samples(policy, reference, prompts, cfg, gen)
     prompts_rep = prompts.repeat_interleave(K, 0)
-    ev = {"log_ratios": log_ratios, "labels": np.array([r["label"] for r in gold], float),
+    ev = {"log_ratios": lw, "labels": np.array([r["label"] for r in gold], float),
           "kl": float(own_lw.mean()), "pop_ess": O.population_ess(own_lw, len(gold)),
           "shortcuts": _shortcut_counts(shortcuts, gold, K, own, ref_own)}
     if rm is not None:
         gold_scores = _scores(rm, wrapper, gold, prompts, responses)
         own_scores = _scores(rm, wrapper, [r for r in gold for _ in range(K)], prompts_rep, own)
         ev["scores"] = gold_scores
+        ev["policy_scores_all"] = own_scores
         ev["policy_scores"] = own_scores.reshape(len(gold), K).mean(1)  # per expert prompt
     return ev
-
-
-def _own_samples(policy, reference, prompts, cfg: CertifyConfig, gen: torch.Generator):
-    """K samples per prompt from the policy and from the reference (in that order on `gen`: certify
-    and weight_support draw the same ones), and the log-ratios of the policy's own samples."""
-    K = cfg.samples_per_prompt
-    own = rollout.sample(policy, prompts, K, cfg.temperature, gen)           # (n*K, L), grouped by prompt
-    ref_own = rollout.sample(reference, prompts, K, cfg.temperature, gen)
-    return own, ref_own, _log_ratios(policy, reference, prompts.repeat_interleave(K, 0), own)
-
-
-def _log_ratios(policy, reference, prompts, responses) -> np.ndarray:
-    """Exact sequence log importance ratios log pi(y|x) - log pi_ref(y|x), as float64."""
-    return (M.sequence_logprobs(policy, prompts, responses)
-            - M.sequence_logprobs(reference, prompts, responses)).double().numpy()
 
 
 def _scores(rm, wrapper, records, prompts, responses) -> np.ndarray:
@@ -161,40 +156,6 @@ def estimate_family(ev: dict, cfg: CertifyConfig, rng: np.random.Generator) -> t
     return row, draws, ref_draws
 
 
-def support(ess: float, khat: float, pop_ess: float, n: int, cfg: CertifyConfig) -> dict:
-    """Whether importance weights with this ESS, tail shape and population ESS (ope_math.population_ess)
-    can carry an estimate, and why not."""
-    reasons = []
-    if ess < cfg.min_ess:
-        reasons.append(f"ESS {ess:.1f} < {cfg.min_ess:g} of {n}")
-    if khat > cfg.max_khat:
-        reasons.append(f"weight tail k-hat {khat:.2f} > {cfg.max_khat:g}")
-    if pop_ess < cfg.min_ess:
-        reasons.append(f"population ESS {pop_ess:.1f} < {cfg.min_ess:g} of {n} (from the policy's own samples)")
-    return {"certifiable": not reasons, "reason": "; ".join(reasons) if reasons else "ok"}
-
-
-@torch.no_grad()
-def weight_support(policy: M.Policy, reference: M.Policy, gold: list[dict],
-                   cfg: CertifyConfig = CertifyConfig()) -> dict[str, dict]:
-    """Per family of the expert set: ESS, k-hat, population ESS and whether certify could give it a
-    number (certify draws the same policy samples: same seed, same order).
-
-    Uses the expert prompts and responses and the policy's own samples, never the labels, so choosing
-    among checkpoints by it does not bias the chosen one's certified estimate."""
-    out = {}
-    gen = torch.Generator().manual_seed(cfg.seed)
-    by_family = D.group_by_family(gold)
-    for f in [f for f in V.FAMILIES if f in by_family]:
-        rows = by_family[f]
-        prompts = D.prompts_tensor(rows)
-        lw = _log_ratios(policy, reference, prompts, D.responses_tensor(rows))
-        own_lw = _own_samples(policy, reference, prompts, cfg, gen)[2]
-        ess, khat, pop = O.kish_ess(lw), O.pareto_khat(lw), O.population_ess(own_lw, len(rows))
-        out[f] = {"ess": ess, "khat": khat, "pop_ess": pop, **support(ess, khat, pop, len(rows), cfg)}
-    return out
-
-
 def _boot_weights(lw: np.ndarray, idx: np.ndarray) -> np.ndarray:
     lwb = lw[idx]
     w = np.exp(lwb - lwb.max(1, keepdims=True))
@@ -227,15 +188,17 @@ def aggregate(rows: dict, draws: dict, ref_draws: dict, weights: dict[str, float
 def certify(policy_dir: str, reference_dir: str, gold_path: str, *, rm_dir: str | None = None,
             correction: str | RewardWrapper | None = None, diagnostic: str | dict | None = None,
             pilot_prompts: str | None = None, cfg: CertifyConfig = CertifyConfig(),
-            shortcuts: list[dict] | None = None) -> dict:
+            shortcuts: list[dict] | None = None, policy_labels: str | None = None) -> dict:
     """Certify `policy_dir` against `reference_dir` with the expert set at `gold_path`.
 
     `rm_dir` enables the direct and doubly-robust estimates; `correction` is a reward-wrapper file
     (from `rlhf_mlflow.correction`), or one already loaded, applied to the reward model's scores;
     `diagnostic` (evidence JSON, path or dict) adds the flagged shortcuts' counts under the policy and
     the reference (`shortcuts`, the flagged rules themselves, instead: how a report is recomputed);
-    `pilot_prompts` adds the `pilot` aggregate weighted by that file's family mix. The report
-    records its inputs, their sha256 and the rules, so that release can recompute it."""
+    `pilot_prompts` adds the `pilot` aggregate weighted by that file's family mix; `policy_labels` (a
+    JSONL file of the policy's own responses labelled by the expert, see label_requests.py) certifies
+    the families that have enough of them by PPI (labelled.py). The report records its inputs, their
+    sha256 and the rules, so that release can recompute it."""
     gold = D.read_jsonl(gold_path, labelled=True)
     policy, _ = M.load_policy(policy_dir)
     reference, _ = M.load_policy(reference_dir)
@@ -246,6 +209,7 @@ def certify(policy_dir: str, reference_dir: str, gold_path: str, *, rm_dir: str 
     rng = np.random.default_rng(cfg.seed)
     rows, draws, ref_draws = {}, {}, {}
     by_family = D.group_by_family(gold)
+    labelled = D.group_by_family(_read_labels(policy_labels)) if policy_labels else {}
     for f in V.FAMILIES:
         if f not in by_family:
             continue
@@ -253,11 +217,15 @@ def certify(policy_dir: str, reference_dir: str, gold_path: str, *, rm_dir: str 
             raise InputError(f"{gold_path}: family {f} has {len(by_family[f])} expert rows; certification needs >= 10")
         ev = family_evidence(policy, reference, rm, wrapper, by_family[f], cfg, shortcuts, gen)
         rows[f], draws[f], ref_draws[f] = estimate_family(ev, cfg, rng)
+        if f in labelled:
+            rows[f], ppi_draws = _with_labels(rows[f], ev, labelled[f], rm, wrapper, cfg, rng)
+            draws[f] = draws[f] if ppi_draws is None else ppi_draws
     report = {"families": rows,
               "balanced": aggregate(rows, draws, ref_draws, {f: 1.0 for f in V.FAMILIES}, cfg),
               "config": asdict(cfg),
               "inputs": {"policy": policy_dir, "reference": reference_dir, "gold": gold_path, "rm_dir": rm_dir,
-                         "correction": wrapper.path if wrapper else None, "pilot_prompts": pilot_prompts},
+                         "correction": wrapper.path if wrapper else None, "pilot_prompts": pilot_prompts,
+                         "policy_labels": policy_labels},
               "shortcut_rules": shortcuts}
     report["input_sha256"] = {k: content_sha256(v) for k, v in report["inputs"].items() if v and k != "policy"}
     if wrapper:  # the bytes it executed, which the file may no longer hold
@@ -266,6 +234,31 @@ def certify(policy_dir: str, reference_dir: str, gold_path: str, *, rm_dir: str 
         mix = Counter(r["family"] for r in D.read_jsonl(pilot_prompts))
         report["pilot"] = aggregate(rows, draws, ref_draws, dict(mix), cfg)
     return report
+
+
+def weight_support(policy: M.Policy, reference: M.Policy, gold: list[dict],
+                   cfg: CertifyConfig = CertifyConfig()) -> dict[str, dict]:
+    """Per family: whether certify could give it a number, from weights alone (overlap.weight_support)."""
+    return _weight_support(policy, reference, gold, cfg)
+
+
+def _read_labels(path: str) -> list[dict]:
+    return check_labels(D.read_jsonl(path, labelled=True), None, path)
+
+
+def _with_labels(row: dict, ev: dict, labels: list[dict], rm, wrapper, cfg: CertifyConfig,
+                 rng: np.random.Generator) -> tuple[dict, np.ndarray | None]:
+    """The family's row certified from the policy labels: predictor = the calibrated, corrected reward
+    model (none without one: then the labels' own mean)."""
+    y = np.array([r["label"] for r in labels], float)
+    if rm is None:
+        f_unl, f_lab = np.zeros(cfg.samples_per_prompt * len(ev["labels"])), np.zeros(len(y))
+    else:
+        a, b = row["calibration"]["intercept"], row["calibration"]["slope"]
+        scores = _scores(rm, wrapper, labels, D.prompts_tensor(labels), D.responses_tensor(labels))
+        f_unl, f_lab = a + b * ev["policy_scores_all"], a + b * scores
+    return L.with_policy_labels(row, f_unl, f_lab, y, ev["labels"], cfg.level, cfg.label_looks, cfg.min_labels,
+                                cfg.n_boot, rng)
 
 
 def _flagged_shortcuts(diagnostic) -> list[dict]:

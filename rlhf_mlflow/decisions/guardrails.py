@@ -22,8 +22,10 @@ class GuardrailConfig:
     min_ess: float = 10.0
     """Every family must be certifiable, by a certification that refused families with fewer effective
     expert samples than this (its own `min_ess`, which certify applied: one threshold, one place)."""
-    max_family_kl: float = 3.0
-    """Every family's KL(policy || reference) per response, in nats, must be at most this."""
+    max_family_kl: float = 4.0
+    """Every family's KL(policy || reference) per response, in nats, must be at most this: a cap on drift.
+    Runs that collapse a family onto a marker sit at 6-12 nats there; the corrected kl 0.05 recipe at
+    1.8-3.3 (certified then from labels on its own responses, where the expert set cannot reach)."""
     max_marker_increase: float = 0.5
     """A flagged shortcut's mean count per response may exceed the reference's by at most this."""
     champion_margin: float = 0.0

@@ -7,11 +7,13 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 
+from rlhf_mlflow.core import records as D
 from rlhf_mlflow.core.errors import InputError
 from rlhf_mlflow.core.files import atomic_write_json, check_writable
 from rlhf_mlflow.core.reward_wrapper import load_wrapper
 from rlhf_mlflow.core.world_paths import WorldPaths
 from rlhf_mlflow.decisions import certify as C
+from rlhf_mlflow.decisions.label_requests import check_labels
 from rlhf_mlflow.steps.figures import certification_plot
 from rlhf_mlflow.steps.reports import certification_markdown
 from rlhf_mlflow.tracking import registry as REG
@@ -51,9 +53,11 @@ def run_certify(version: str | None = None, policy: str | None = None, world: Wo
                 reference: str | None = None, gold: str | None = None, rm_dir: str | None = None,
                 correction: str | None = None, diagnostic: str | dict | None = None, pilot_prompts: str | None = None,
                 cfg: C.CertifyConfig = C.CertifyConfig(), echo: Callable[[str], None] = print,
-                tags: dict | None = None, out: str | None = None) -> dict:
+                tags: dict | None = None, out: str | None = None, policy_labels: str | None = None) -> dict:
     """Certify a registered version (or a plain checkpoint directory) as an MLflow run; `out` receives
-    the report JSON, written before the version is tagged (a failure leaves the version untagged)."""
+    the report JSON, written before the version is tagged (a failure leaves the version untagged).
+    `policy_labels`: expert labels on the version's own responses, checked against the label requests
+    logged for it (label_requests step), certify the families that have enough of them."""
     if bool(version) == bool(policy):
         raise InputError("certify needs exactly one of --model-version or --policy")
     if out:
@@ -62,7 +66,7 @@ def run_certify(version: str | None = None, policy: str | None = None, world: Wo
     wrapper = load_wrapper(correction)  # the bytes hashed below are the bytes certify executes
     params = {**inputs, "model_version": version, "policy": policy, "correction": correction,
               "diagnostic": diagnostic if isinstance(diagnostic, str) or diagnostic is None else "(in memory)",
-              **{f"certify.{k}": v for k, v in cfg.__dict__.items()}}
+              "policy_labels": policy_labels, **{f"certify.{k}": v for k, v in cfg.__dict__.items()}}
     if wrapper:
         params["correction_sha256"] = wrapper.sha256
     with T.tracked_run("certify", params, tags=tags,
@@ -73,23 +77,42 @@ def run_certify(version: str | None = None, policy: str | None = None, world: Wo
             policy, model_id = REG.download_policy(version)
         if wrapper:
             T.log_bytes(wrapper.source, os.path.basename(wrapper.path), "correction")
+        labels = _checked_labels(policy_labels, version)
         report = C.certify(policy, inputs["reference"], inputs["gold"], rm_dir=inputs.get("rm_dir"),
-                           correction=wrapper, diagnostic=diagnostic,
-                           pilot_prompts=inputs.get("pilot_prompts"), cfg=cfg)
+                           correction=wrapper, diagnostic=diagnostic, pilot_prompts=inputs.get("pilot_prompts"),
+                           cfg=cfg, policy_labels=policy_labels)
         report["subject"] = ({"registered_model": REG.REGISTERED_MODEL, "model_version": str(version),
                               "model_id": model_id} if version else {"policy": policy})
-        T.log_metrics(certification_metrics(report), model_id=model_id)
+        _log_report(report, model_id, labels, out)
         sha = T.log_json_artifact(report, REG.CERT_ARTIFACT)
-        T.log_text(certification_markdown(report), "certification.md")
-        T.log_figure(certification_plot(report), "figures/certification.png")
-        if out:
-            atomic_write_json(out, report)
         if version:  # last: a failure above leaves the version untagged
             REG.set_tags(version, {"certification.run_id": run.info.run_id, "certification.sha256": sha,
                                    "certification.balanced": REG.balanced_tag(report),
+                                   "expert_labels.total": str(len(labels)),
                                    **({"correction_sha256": wrapper.sha256} if wrapper else {})})
         echo(_summary_line(report, version))
     return {"run_id": run.info.run_id, "report": report}
+
+
+def _checked_labels(path: str | None, version: str | None) -> list[dict]:
+    """Policy labels as given, checked (and, for a version, against the requests logged for it)."""
+    if not path:
+        return []
+    labels = D.read_jsonl(path, labelled=True)
+    requests = REG.label_requests_for(REG.get_version(version)) if version else None
+    check_labels(labels, requests, path)
+    T.log_records_input(labels, path, "policy_labels")
+    return labels
+
+
+def _log_report(report: dict, model_id: str | None, labels: list[dict], out: str | None) -> None:
+    counts = {f: sum(r["family"] == f for r in labels) for f in report["families"]}
+    T.log_metrics(certification_metrics(report) | {f"expert_labels/{f}": n for f, n in counts.items()}
+                  | {"expert_labels/total": len(labels)}, model_id=model_id)
+    T.log_text(certification_markdown(report), "certification.md")
+    T.log_figure(certification_plot(report), "figures/certification.png")
+    if out:
+        atomic_write_json(out, report)
 
 
 def _summary_line(report: dict, version) -> str:

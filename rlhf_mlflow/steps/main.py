@@ -24,6 +24,7 @@ from rlhf_mlflow.steps.dev_eval import run_dev_eval
 from rlhf_mlflow.steps.diagnostic import run_diagnostic_step
 from rlhf_mlflow.steps.grade import run_grade, run_grade_checkpoint
 from rlhf_mlflow.steps.main_candidates import CHECKPOINTS, TrainJob, train_all
+from rlhf_mlflow.steps.main_labels import LabelBudget, buy_labels
 from rlhf_mlflow.steps.main_summary import summary_table
 from rlhf_mlflow.steps.release import run_release
 from rlhf_mlflow.steps.reports import markdown_table
@@ -34,6 +35,9 @@ from rlhf_mlflow.training.recipes import CORRECTED, SEED_HISTORY, scaled
 from rlhf_mlflow.training.rl_config import load_rl_config
 from rlhf_mlflow.world.oracle import write_oracle_reward
 
+DEFAULT_LABEL_BUDGET = 600
+"""Expert labels `main` may buy (two candidates' six families, 50 each): on the default world, what the
+best corrected candidate needs, within main's time."""
 CORRECTED_NOTE = "Trained on the reward model minus the fitted shortcut corrections (diagnostic -> correction)."
 
 
@@ -49,18 +53,23 @@ def candidate_jobs(wrapper: str | None, steps_scale: float) -> list[TrainJob]:
 
 
 def run_main(world: WorldPaths, out_dir: str, steps_scale: float = 1.0, ceiling: bool = True,
-             echo: Callable[[str], None] = print) -> pd.DataFrame:
-    """The whole story; returns the summary table (its `attrs["ceiling"]` holds the ceiling, if run)."""
+             echo: Callable[[str], None] = print, label_budget: int = DEFAULT_LABEL_BUDGET) -> pd.DataFrame:
+    """The whole story; returns the summary table (its `attrs["ceiling"]` holds the ceiling, if run).
+    `label_budget`: expert labels main may buy on candidates' own responses (main_labels.py)."""
     os.makedirs(check_writable(out_dir, "--out", directory=True), exist_ok=True)
     t0 = time.perf_counter()
-    with T.tracked_run("main", {"world": world.root, "steps_scale": steps_scale}, run_name="main") as parent:
+    params = {"world": world.root, "steps_scale": steps_scale, "label_budget": label_budget}
+    with T.tracked_run("main", params, run_name="main") as parent:
         diag_path, wrapper = _diagnose_and_correct(world, out_dir, echo)
+        budget = LabelBudget(label_budget)
 
         def evaluate(name: str, s: dict) -> None:  # as each candidate finishes, while others still train
             v = s["model_version"]
             run_dev_eval(REG.version_uri(v), world.policy, world.reward_model, world.prompts_dev, world.expert_set,
                          run_name=f"dev_eval-{name}")
-            run_certify(version=v, world=world, correction=wrapper, diagnostic=diag_path, echo=echo)
+            inputs = {"correction": wrapper, "diagnostic": diag_path}
+            report = run_certify(version=v, world=world, echo=echo, **inputs)["report"]
+            buy_labels(v, report, world, inputs, budget, out_dir, echo)
 
         candidates = train_all(candidate_jobs(wrapper, steps_scale), world, parent.info.run_id, echo,
                                on_done=evaluate)
@@ -73,7 +82,7 @@ def run_main(world: WorldPaths, out_dir: str, steps_scale: float = 1.0, ceiling:
             _ceiling_if_new_champion(world, out_dir, table, steps_scale, echo)
         T.log_text(markdown_table(table), "summary.md")
         T.log_text(table.to_csv(index=False), "summary.csv")
-        T.log_metrics({"seconds": time.perf_counter() - t0})
+        T.log_metrics({"seconds": time.perf_counter() - t0, "expert_labels": budget.spent})
     return table
 
 

@@ -40,6 +40,7 @@ def summary_table(parent_run_id: str) -> pd.DataFrame:
                "certified_lo": latest("certify", v.version, "metrics.certified_lo/balanced"),
                "certified_hi": latest("certify", v.version, "metrics.certified_hi/balanced")}
         tags = REG.get_version(v.version).tags
+        row["labels"] = int(tags.get("expert_labels.total") or 0)
         for k, val in sorted(tags.items()):
             if k.startswith("guardrail."):
                 row[k.split(".", 1)[1]] = val.split(":", 1)[0]

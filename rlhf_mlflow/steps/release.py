@@ -10,6 +10,7 @@ import os
 import time
 from collections.abc import Callable
 
+from rlhf_mlflow.core import shortcut_rules as SR
 from rlhf_mlflow.core.checkpoint import content_sha256
 from rlhf_mlflow.core.errors import InputError
 from rlhf_mlflow.decisions import certify as C
@@ -70,8 +71,6 @@ def run_release(version: str, certification_run: str | None = None, guardrails: 
 
 
 COMPARED = ("certifiable", "estimate", "lo", "hi", "gain", "gain_lo", "gain_hi", "ess", "kl")
-
-
 TOLERANCE = 1e-3  # float summation order differs between thread counts; a doctored number is far off
 
 
@@ -88,24 +87,26 @@ def recompute_certification(report: dict, version, run_id: str) -> str:
     policy_dir, _ = REG.download_policy(version.version)
     fresh = C.certify(policy_dir, inputs["reference"], inputs["gold"], rm_dir=inputs.get("rm_dir"),
                       correction=inputs.get("correction"), pilot_prompts=inputs.get("pilot_prompts"),
-                      cfg=C.CertifyConfig(**report.get("config", {})), shortcuts=report.get("shortcut_rules") or [])
-    groups = [(f, report["families"].get(f, {}), row) for f, row in fresh["families"].items()]
-    groups.append(("balanced", report["balanced"], fresh["balanced"]))
-    for group, claimed, got in groups:
-        for key in COMPARED + tuple(f"shortcut{i}.{k}" for i in range(len(got.get("shortcuts", [])))
-                                    for k in ("policy_count", "reference_count")):
-            a, b = _field(claimed, key), _field(got, key)
-            same = a == b if isinstance(b, bool) or b is None or a is None else abs(float(a) - float(b)) <= TOLERANCE
-            if not same:
-                raise InputError(f"certification run {run_id} refused for version {version.version}: recomputed from "
-                                 f"its inputs, {group} {key} is {b}, the report says {a}")
+                      cfg=C.CertifyConfig(**report.get("config", {})), shortcuts=report.get("shortcut_rules") or [],
+                      policy_labels=inputs.get("policy_labels"))
+    claimed, got = _comparable(report), _comparable(fresh)
+    for key in sorted(claimed.keys() | got.keys()):
+        a, b = claimed.get(key), got.get(key)
+        if not (abs(a - b) <= TOLERANCE if isinstance(a, float) and isinstance(b, float) else a == b):
+            raise InputError(f"certification run {run_id} refused for version {version.version}: recomputed from "
+                             f"its inputs, {key} is {b}, the report says {a}")
     return "recomputed"
 
 
-def _field(row: dict, key: str):
-    if not key.startswith("shortcut"):
-        return row.get(key)
-    i, k = key[len("shortcut"):].split(".")
-    items = row.get("shortcuts") or []
-    return items[int(i)].get(k) if int(i) < len(items) else None
-
+def _comparable(report: dict) -> dict:
+    """{"<family> <field>": value} of what the guardrails read: estimates, intervals, gains, ESS, KL, and
+    each flagged shortcut's counts."""
+    out = {}
+    for group, row in {**report["families"], "balanced": report["balanced"]}.items():
+        for key in COMPARED:
+            v = row.get(key)
+            out[f"{group} {key}"] = float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else v
+        for s in row.get("shortcuts", []):
+            for key in ("policy_count", "reference_count"):
+                out[f"{group} {SR.describe(s)} {key}"] = float(s[key])
+    return out

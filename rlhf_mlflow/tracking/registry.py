@@ -132,6 +132,27 @@ def verify_certification(version, run_id: str, report: dict, sha: str, name: str
     return None
 
 
+def label_requests_for(version, name: str = REGISTERED_MODEL) -> list[dict]:
+    """The label requests logged for `version` (its `label_requests.run_id` tag), checked: a FINISHED
+    label_requests run for this version whose artifact still has the sha256 the version was tagged with."""
+    from rlhf_mlflow.core.records import check_record
+    run_id = version.tags.get("label_requests.run_id")
+    if not run_id:
+        raise InputError(f"{name} version {version.version} has no label requests: run "
+                         f"`rlhf-mlflow label-requests --model-version {version.version}` first")
+    run = client().get_run(run_id)
+    if run.data.tags.get("rlhf.step") != "label_requests" or run.info.status != "FINISHED" \
+            or run.data.params.get("model_version") != str(version.version):
+        raise InputError(f"run {run_id} is not a finished label_requests run for version {version.version}")
+    with tempfile.TemporaryDirectory() as d:
+        path = mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path="label_requests.jsonl", dst_path=d)
+        raw = open(path, "rb").read()
+    if hashlib.sha256(raw).hexdigest() != version.tags.get("label_requests.sha256"):
+        raise InputError(f"the label requests of run {run_id} were changed after they were logged")
+    return [check_record(json.loads(line), f"label requests of run {run_id}:{i}", None)
+            for i, line in enumerate(raw.decode().splitlines(), 1) if line.strip()]
+
+
 def balanced_tag(report: dict) -> str:
     b = report["balanced"]
     return f"{b['estimate']:.4f}" if b.get("certifiable") else "refused"

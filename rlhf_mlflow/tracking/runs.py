@@ -177,22 +177,18 @@ def log_records_input(records: list[dict], path: str, context: str) -> None:
 
 def log_json_artifact(obj, name: str, artifact_path: str | None = None) -> str:
     """Log `obj` as a JSON artifact; returns the sha256 of the bytes logged."""
-    raw = json.dumps(obj, indent=1).encode()
-    with tempfile.TemporaryDirectory() as d:
-        path = os.path.join(d, name)
-        with open(path, "wb") as f:
-            f.write(raw)
-        mlflow.log_artifact(path, artifact_path)
-    return hashlib.sha256(raw).hexdigest()
+    return log_bytes(json.dumps(obj, indent=1).encode(), name, artifact_path)
 
 
-def log_bytes(data: bytes, name: str, artifact_path: str | None = None) -> None:
-    """Log exactly these bytes as the artifact `name` (e.g. the wrapper source a run executed)."""
+def log_bytes(data: bytes, name: str, artifact_path: str | None = None) -> str:
+    """Log exactly these bytes as the artifact `name` (e.g. the wrapper source a run executed);
+    returns their sha256."""
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, name)
         with open(path, "wb") as f:
             f.write(data)
         mlflow.log_artifact(path, artifact_path)
+    return hashlib.sha256(data).hexdigest()
 
 
 def log_artifact(path: str, artifact_path: str | None = None) -> None:

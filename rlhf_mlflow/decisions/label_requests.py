@@ -1,0 +1,72 @@
+"""What to ask an expert to label: a policy's own responses on prompts it was not trained on, and the
+checks a returned labels file must pass before it counts as evidence.
+
+The prompts are the expert set's (data/gold_calib.jsonl): drawn from each family's prompt
+distribution, never in the RL prompt pool, and already the prompts certify's unlabelled policy
+samples are drawn on, so labelled and unlabelled samples share one estimand (the policy's quality on
+the family's traffic). Per family the prompts come in a seeded order and each gets one response of
+the policy at the deployment temperature, drawn from its own seeded stream: the first K requests of a
+family are the same whatever K, so labels bought in rounds extend each other.
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+
+import torch
+
+from rlhf_mlflow.core import records as D
+from rlhf_mlflow.core import rollout
+from rlhf_mlflow.core import vocab as V
+from rlhf_mlflow.core.errors import InputError
+
+FIELDS = ("id", "family", "attrs", "response")
+
+
+def _stream(seed: int, family: str) -> torch.Generator:
+    digest = hashlib.sha256(f"{seed}:{family}".encode()).digest()
+    return torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") & (2 ** 63 - 1))
+
+
+def draw_requests(policy, expert_set: list[dict], per_family: int, families: list[str] | None = None,
+                  seed: int = 0, temperature: float = 1.0, prefix: str = "req") -> list[dict]:
+    """Up to `per_family` requests per family (seed-format records without labels), one per distinct
+    expert-set prompt; ids are `<prefix>-<family>-<k>`."""
+    by_family = D.group_by_family(expert_set)
+    out = []
+    for family in [f for f in V.FAMILIES if f in by_family and (families is None or f in families)]:
+        rows = by_family[family]
+        gen = _stream(seed, family)
+        order = torch.randperm(len(rows), generator=gen).tolist()
+        prompts = D.prompts_tensor([rows[i] for i in order])
+        with torch.no_grad():
+            responses = rollout.sample(policy, prompts, 1, temperature, gen)        # (n, L), one per prompt
+        for k, (i, y) in enumerate(zip(order[:per_family], responses.tolist())):
+            out.append({"id": f"{prefix}-{family}-{k:03d}", "family": family, "attrs": list(rows[i]["attrs"]),
+                        "response": V.decode_response(y)})
+    return out
+
+
+def check_labels(labels: list[dict], requests: list[dict] | None, where: str) -> list[dict]:
+    """The labelled records, or InputError naming the first problem: a duplicated id, a label outside
+    [0, 1] (or not finite), and with `requests`, an id not among them or a record that differs from
+    its request (another version's responses, an edited file)."""
+    seen = set()
+    wanted = {r["id"]: r for r in requests} if requests is not None else None
+    for i, rec in enumerate(labels, 1):
+        at = f"{where}: record {i} (id {rec.get('id')!r})"
+        if rec.get("id") in seen:
+            raise InputError(f"{at}: duplicated id")
+        seen.add(rec.get("id"))
+        lab = rec.get("label")
+        if not isinstance(lab, (int, float)) or isinstance(lab, bool) or not math.isfinite(lab) or not 0 <= lab <= 1:
+            raise InputError(f"{at}: 'label' must be a number in [0, 1], got {lab!r}")
+        if wanted is None:
+            continue
+        if rec.get("id") not in wanted:
+            raise InputError(f"{at}: not among the label requests (labels for another version or request set?)")
+        diff = [k for k in FIELDS if rec.get(k) != wanted[rec["id"]].get(k)]
+        if diff:
+            raise InputError(f"{at}: {', '.join(diff)} differ from the request (not the response this version "
+                             "was asked about)")
+    return labels

@@ -1,0 +1,33 @@
+"""The `expert_label` step (synthetic worlds only): the world's expert annotator labels a requests
+file (world/annotator.py), as an MLflow run that counts the labels it produced. A real user replaces
+this step by an annotation queue that returns the same JSONL with a `label` field added."""
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+from rlhf_mlflow.core import records as D
+from rlhf_mlflow.core.errors import InputError
+from rlhf_mlflow.core.files import atomic_write_bytes, check_writable
+from rlhf_mlflow.core.world_paths import WorldPaths
+from rlhf_mlflow.tracking import runs as T
+from rlhf_mlflow.world.annotator import label_requests
+
+
+def run_expert_label(world: WorldPaths, requests: str, out: str, echo: Callable[[str], None] = print) -> list[dict]:
+    """Label every request; write the labelled records to `out`; returns them."""
+    check_writable(out)
+    records = D.read_jsonl(requests)
+    missing = [r["id"] for r in records if "response" not in r]
+    if missing:
+        raise InputError(f"{requests}: request {missing[0]!r} has no 'response' to label")
+    with T.tracked_run("expert_label", {"world": world.root, "requests": requests}, run_name="expert-label"):
+        labels = label_requests(world, records)
+        raw = "".join(json.dumps(r) + "\n" for r in labels).encode()
+        atomic_write_bytes(out, raw)
+        T.log_bytes(raw, "labels.jsonl")
+        families = sorted({r["family"] for r in labels})
+        T.log_metrics({f"labels/{f}": sum(r["family"] == f for r in labels) for f in families}
+                      | {"labels/total": len(labels)})
+    echo(f"expert labels: {len(labels)} -> {out}")
+    return labels

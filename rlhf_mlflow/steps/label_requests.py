@@ -1,0 +1,62 @@
+"""The `label_requests` step: what to ask the expert to label for a registered version (its own
+responses on the expert set's prompts: decisions/label_requests.py), as an MLflow run that logs the
+requests file and tags the version with the run and the file's sha256, so that the labels returned
+for it can be checked against exactly these requests."""
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+
+from rlhf_mlflow.core import model as M
+from rlhf_mlflow.core import records as D
+from rlhf_mlflow.core import vocab as V
+from rlhf_mlflow.core.errors import InputError
+from rlhf_mlflow.core.files import atomic_write_bytes, check_writable
+from rlhf_mlflow.core.world_paths import WorldPaths
+from rlhf_mlflow.decisions.label_requests import draw_requests
+from rlhf_mlflow.tracking import registry as REG
+from rlhf_mlflow.tracking import runs as T
+
+ARTIFACT = "label_requests.jsonl"
+
+
+def resolve_families(spec: str, version) -> list[str]:
+    """`all`, `auto` (the families the version's certification refused off-policy) or `F,G,...`."""
+    if spec == "all":
+        return list(V.FAMILIES)
+    if spec == "auto":
+        report = REG.certification_for(version)[1]
+        return [f for f, r in report["families"].items() if not r["certifiable"]]
+    families = [f.strip() for f in spec.split(",") if f.strip()]
+    unknown = [f for f in families if f not in V.FAMILIES]
+    if unknown or not families:
+        raise InputError(f"--families: unknown family {unknown[0] if unknown else spec!r}; valid are auto, all or "
+                         f"a comma-separated list of {V.FAMILIES}")
+    return families
+
+
+def run_label_requests(version: str, world: WorldPaths, families: str = "auto", per_family: int = 10,
+                       seed: int = 0, out: str = "label_requests.jsonl",
+                       echo: Callable[[str], None] = print) -> dict:
+    """Draw the requests, write them to `out`, log them; returns {run_id, requests, families}."""
+    check_writable(out)
+    mv = REG.get_version(version)
+    chosen = resolve_families(families, mv)
+    expert_set = D.read_jsonl(world.expert_set, labelled=True)
+    params = {"model_version": str(mv.version), "families": families, "per_family": per_family, "seed": seed,
+              "expert_set": world.expert_set}
+    with T.tracked_run("label_requests", params, run_name=f"label-requests-v{mv.version}") as run:
+        policy_dir, _ = REG.download_policy(mv.version)
+        requests = draw_requests(M.load_policy(policy_dir)[0], expert_set, per_family, chosen, seed,
+                                 prefix=f"req-v{mv.version}")
+        raw = "".join(json.dumps(r) + "\n" for r in requests).encode()
+        atomic_write_bytes(out, raw)
+        sha = T.log_bytes(raw, ARTIFACT)
+        T.log_metrics({f"requests/{f}": sum(r["family"] == f for r in requests) for f in chosen}
+                      | {"requests/total": len(requests)})
+        REG.set_tags(mv.version, {"label_requests.run_id": run.info.run_id, "label_requests.sha256": sha,
+                                  "label_requests.families": ",".join(chosen)})
+    echo(f"label requests for version {mv.version}: {len(requests)} ({', '.join(chosen) or 'no family'}) -> "
+         f"{os.path.abspath(out)}")
+    return {"run_id": run.info.run_id, "requests": len(requests), "families": chosen}

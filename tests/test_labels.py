@@ -1,0 +1,188 @@
+"""Certification from expert labels on the policy's own samples: the PPI maths by hand, its coverage
+by simulation, and label-requests -> expert-label -> certify -> release on a real store, with every
+kind of bad labels file refused (run FAILED, version untagged)."""
+from __future__ import annotations
+
+import json
+import os
+
+import mlflow
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from conftest import copy_store, store_made_once
+from test_certify import sharpened
+
+from rlhf_mlflow.cli import cli
+from rlhf_mlflow.cli.portable import certify_main, label_requests_main
+from rlhf_mlflow.core import model as M
+from rlhf_mlflow.core import records as D
+from rlhf_mlflow.core.world_paths import WorldPaths
+from rlhf_mlflow.decisions.label_requests import draw_requests
+from rlhf_mlflow.decisions.labelled import half_width, ppi_mean, t_quantile
+from rlhf_mlflow.tracking import runs as T
+from rlhf_mlflow.tracking.policy_model import REGISTERED_MODEL, log_policy
+from rlhf_mlflow.world.oracle import Oracle
+
+LENIENT = "min_balanced_gain=-1,require_significant_gain=false,min_family_change=-1,max_family_kl=100"
+
+
+def test_ppi_by_hand():
+    fu, fl, y = np.array([0.0, 1.0, 0.0, 1.0]), np.array([0.0, 1.0]), np.array([0.5, 1.0])
+    est = ppi_mean(fu, fl, y)
+    # var(f) over all 6 predictions = 0.3, cov(y, f_l) = 0.25, lambda = 0.25 / ((1 + 2/4) * 0.3) = 5/9
+    assert est.lam == pytest.approx(5 / 9)
+    assert est.estimate == pytest.approx(5 / 9 * 0.5 + (0.75 - 5 / 9 * 0.5))
+    resid = y - 5 / 9 * fl
+    assert est.se == pytest.approx(np.sqrt((5 / 9) ** 2 * np.var(fu, ddof=1) / 4 + np.var(resid, ddof=1) / 2))
+    flat = ppi_mean(np.ones(10), np.ones(3), np.array([0.0, 0.5, 1.0]))  # a constant predictor: the labels' mean
+    assert flat.lam == 0.0 and flat.estimate == pytest.approx(0.5)
+
+
+def test_t_quantiles_and_the_union_bound():
+    assert t_quantile(0.95, 10) == pytest.approx(1.8125, abs=1e-4)
+    assert t_quantile(0.975, 19) == pytest.approx(2.0930, abs=1e-4)
+    assert half_width(1.0, 20, 0.9, looks=5) == pytest.approx(t_quantile(0.99, 19))
+
+
+def test_ppi_intervals_cover_at_their_level():
+    rng = np.random.default_rng(0)
+    hits, width_ppi, width_labels = 0, [], []
+    for _ in range(1000):
+        x = rng.random(840)
+        y = np.clip(0.3 + 0.4 * x + 0.15 * rng.standard_normal(840), 0, 1)
+        f = 0.1 + 0.8 * x  # a biased but informative predictor
+        est = ppi_mean(f[40:], f[:40], y[:40])
+        hw = half_width(est.se, 40, 0.9)
+        hits += abs(est.estimate - 0.5) <= hw  # E[y] = 0.5 (clipping is symmetric here up to 1e-4)
+        width_ppi.append(hw)
+        width_labels.append(half_width(np.std(y[:40], ddof=1) / np.sqrt(40), 40, 0.9))
+    assert 0.87 <= hits / 1000 <= 0.93
+    assert np.mean(width_ppi) < 0.8 * np.mean(width_labels)  # the predictor buys a narrower interval
+
+
+def _register(path: str) -> str:
+    with T.tracked_run("train_rl", {"policy": path}):
+        _, mv = log_policy(path, tags={"recipe": os.path.basename(path)})
+    return str(mv.version)
+
+
+def _run(*args):
+    return CliRunner().invoke(cli, [str(a) for a in args])
+
+
+def _labelled(world: str, version: str, tmp_path, per_family: int = 20) -> str:
+    res = _run("label-requests", "--model-version", version, "--world", world, "--families", "all",
+               "--per-family", per_family, "--out", tmp_path / f"req{version}.jsonl")
+    assert res.exit_code == 0, res.output
+    res = _run("expert-label", "--world", world, "--requests", tmp_path / f"req{version}.jsonl",
+               "--out", tmp_path / f"lab{version}.jsonl")
+    assert res.exit_code == 0, res.output
+    return str(tmp_path / f"lab{version}.jsonl")
+
+
+def test_labels_certify_a_policy_the_expert_set_cannot_and_release_promotes_it(tiny_world, tmp_path):
+    far = _register(sharpened(tiny_world, str(tmp_path / "far")))
+    assert _run("certify", "--model-version", far, "--world", tiny_world).exit_code == 0
+    assert _run("release", "--model-version", far, "--guardrails", LENIENT).output.count('"refused"') == 1
+    labels = _labelled(tiny_world, far, tmp_path)
+    res = _run("certify", "--model-version", far, "--world", tiny_world, "--policy-labels", labels)
+    assert res.exit_code == 0, res.output
+    client = mlflow.MlflowClient()
+    mv = client.get_model_version(REGISTERED_MODEL, far)
+    assert mv.tags["expert_labels.total"] == "120"
+    run = client.get_run(mv.tags["certification.run_id"])
+    assert run.data.metrics["expert_labels/dune"] == 20 and run.data.metrics["expert_labels/total"] == 120
+    report = json.load(open(mlflow.artifacts.download_artifacts(run_id=run.info.run_id,
+                                                                artifact_path="certification.json")))
+    oracle, policy = Oracle(tiny_world), M.load_policy(sharpened(tiny_world, str(tmp_path / "again")))[0]
+    truth = oracle.grade_policy(policy, D.read_jsonl(WorldPaths(tiny_world).expert_set, labelled=True), n=32)
+    for f, row in report["families"].items():
+        assert row["evidence"] == "policy labels (20)" and row["certifiable"]
+        assert row["lo"] - 0.05 <= truth[f"truth/{f}"] <= row["hi"] + 0.05, (f, row, truth)
+    res = _run("release", "--model-version", far, "--guardrails", LENIENT)
+    assert res.exit_code == 0 and '"decision": "promoted"' in res.output, res.output  # recomputed with its labels
+
+
+def _edit(path: str, change) -> str:
+    rows = [json.loads(line) for line in open(path)]
+    change(rows)
+    out = path + ".edited"
+    with open(out, "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in rows)
+    return out
+
+
+@pytest.fixture(scope="module")
+def labelled_store(tiny_world, tmp_path_factory):
+    """Two versions (the reference and a sharpened policy), each with 3 label requests per family and
+    their expert labels, in a store made once for the module."""
+    def build(root):
+        v1 = _register(os.path.join(tiny_world, "policy"))
+        v2 = _register(sharpened(tiny_world, str(root / "p2"), 2.0))
+        return v1, v2, {v: _labelled(tiny_world, v, root, per_family=3) for v in (v1, v2)}
+    return store_made_once(tmp_path_factory, "labels", build)
+
+
+@pytest.fixture
+def store(labelled_store, tmp_path, tracking_uri):
+    """This test's own copy of the module's store."""
+    root, built = labelled_store
+    copy_store(root, tmp_path)
+    return built
+
+
+@pytest.mark.parametrize("case,message", [
+    ("duplicate", "duplicated id"),
+    ("range", "'label' must be a number in [0, 1], got 1.5"),
+    ("nan", "'label' must be"),
+    ("other_version", "not among the label requests"),
+    ("edited_response", "response differ from the request"),
+])
+def test_bad_labels_are_refused_with_the_run_failed_and_the_version_untagged(tiny_world, store, case, message):
+    v1, v2, files = store
+    labels, other = files[v1], files[v2]
+    edits = {"duplicate": lambda r: r.append(dict(r[0])), "range": lambda r: r[0].update(label=1.5),
+             "nan": lambda r: r[0].update(label=float("nan"))}
+    path = {"other_version": other,
+            "edited_response": _edit(labels, lambda r: r[0].update(response=list(reversed(r[0]["response"]))))
+            }.get(case) or _edit(labels, edits[case])
+    before = dict(mlflow.MlflowClient().get_model_version(REGISTERED_MODEL, v1).tags)
+    res = _run("certify", "--model-version", v1, "--world", tiny_world, "--policy-labels", path)
+    assert res.exit_code == 1 and message in res.output and "Traceback" not in res.output, res.output
+    (run,) = mlflow.search_runs(search_all_experiments=True, output_format="list",
+                                filter_string="tags.`rlhf.step` = 'certify'")
+    assert run.info.status == "FAILED"
+    assert dict(mlflow.MlflowClient().get_model_version(REGISTERED_MODEL, v1).tags) == before
+
+
+def test_requests_edited_after_they_were_logged_are_refused(tiny_world, store, tmp_path):
+    v1, _, files = store
+    mv = mlflow.MlflowClient().get_model_version(REGISTERED_MODEL, v1)
+    run = mlflow.get_run(mv.tags["label_requests.run_id"])
+    logged = os.path.join(run.info.artifact_uri.removeprefix("file://"), "label_requests.jsonl")
+    original = open(logged).read()
+    try:
+        open(logged, "a").write(original.splitlines(keepends=True)[0])
+        res = _run("certify", "--model-version", v1, "--world", tiny_world, "--policy-labels", files[v1])
+    finally:
+        open(logged, "w").write(original)  # the module's store is shared
+    assert res.exit_code == 1 and "changed after they were logged" in res.output
+
+
+def test_portable_label_requests_draw_what_the_step_draws(tiny_world, tmp_path):
+    w = WorldPaths(tiny_world)
+    assert label_requests_main(["--policy", w.policy, "--reference", w.policy, "--gold", w.expert_set,
+                                "--per-family", "4", "--out", str(tmp_path / "r.jsonl")]) == 0
+    portable = [json.loads(line) for line in open(tmp_path / "r.jsonl")]
+    again = draw_requests(M.load_policy(w.policy)[0], D.read_jsonl(w.expert_set, labelled=True), 8)
+    first4 = [r for r in again if int(r["id"].rsplit("-", 1)[1]) < 4]  # K=4 is a prefix of K=8
+    assert [r["response"] for r in portable] == [r["response"] for r in first4] and len(portable) == 24
+    from rlhf_mlflow.world.annotator import label_requests as annotate
+    labelled = tmp_path / "l.jsonl"
+    labelled.write_text("".join(json.dumps(r) + "\n" for r in annotate(w, portable)))
+    assert certify_main(["--policy", w.policy, "--reference", w.policy, "--gold", w.expert_set, "--rm-dir",
+                         w.reward_model, "--policy-labels", str(labelled), "--min-labels", "4",
+                         "--out", str(tmp_path / "c.json")]) == 0
+    report = json.load(open(tmp_path / "c.json"))
+    assert all(r["evidence"] == "policy labels (4)" for r in report["families"].values())
