@@ -15,9 +15,15 @@ torch.set_num_threads(int(os.environ.get("RLHF_THREADS", "2")))
 
 @pytest.fixture(scope="session")
 def tiny_world(tmp_path_factory) -> str:
-    """A test-scale world with the default corruptions (dune pa +1.45, ember he +0.47)."""
+    """A test-scale world with the default corruptions (dune pa +1.45, ember he +0.47). With
+    RLHF_TEST_WORLD set, a copy of that prebuilt world (`build-world --scale test --out DIR`) instead:
+    saves the build when iterating on a few tests."""
     path = str(tmp_path_factory.mktemp("worlds") / "default")
-    build_world(path, seed=0, spec=None, scale="test")
+    prebuilt = os.environ.get("RLHF_TEST_WORLD")
+    if prebuilt:
+        shutil.copytree(prebuilt, path)
+    else:
+        build_world(path, seed=0, spec=None, scale="test")
     return path
 
 
