@@ -110,8 +110,8 @@ def test_diagnostic_and_correct_commands_log_runs_and_write_a_working_wrapper(pl
     assert res.exit_code == 0, res.output
     (run,) = mlflow.search_runs(search_all_experiments=True, filter_string="tags.`rlhf.step` = 'diagnostic'",
                                 output_format="list")
-    assert run.data.metrics["flag/birch"] == 1.0 and run.data.metrics["flag/anvil"] == 0.0
-    assert run.data.metrics["risk/birch"] > run.data.metrics["risk/fjord"]
+    assert run.data.metrics["diagnostic/flag/birch"] == 1.0 and run.data.metrics["diagnostic/flag/anvil"] == 0.0
+    assert run.data.metrics["diagnostic/risk/birch"] > run.data.metrics["diagnostic/risk/fjord"]
     res = CliRunner().invoke(cli, ["correct", "--diagnostic", str(tmp_path / "d.json"),
                                    "--qa", os.path.join(planted_world, "reward_model", "train.jsonl"),
                                    "--out", str(tmp_path / "wrap.py")], catch_exceptions=False)

@@ -21,15 +21,17 @@ def test_replay_history_logs_the_seed_runs_with_their_notes(tiny_world):
 
     tidy = history.family_frame(frame)
     assert list(tidy.columns) == ["run_id", "run_name", "metric", "family", "value"]
-    assert {"proxy", "kl", "entropy"} <= set(tidy["metric"]) and "balanced" in set(tidy["family"])
-    board = history.leaderboard(frame, "kl/balanced")
-    assert list(board["kl/balanced"]) == sorted(board["kl/balanced"], reverse=True)
+    assert {"train/proxy", "train/kl", "train/entropy"} <= set(tidy["metric"]) and "balanced" in set(tidy["family"])
+    board = history.leaderboard(frame, "train/kl/balanced")
+    assert list(board["train/kl/balanced"]) == sorted(board["train/kl/balanced"], reverse=True)
     assert {"run_name", "kl_coef", "steps"} <= set(board.columns)
     assert list(history.with_params(frame, kl_coef=0.5)["tags.mlflow.runName"]) == ["kl05-s800"]
     assert len(mlflow.MlflowClient().search_model_versions("name='rlhf-policy'")) == 2
 
+    # a name from before the step prefixes still finds its column; the table fits 120 columns
     res = CliRunner().invoke(cli, ["runs", "--metric", "kl/balanced"], catch_exceptions=False)
-    assert res.exit_code == 0 and "kl05-s800" in res.output
+    assert res.exit_code == 0 and "kl05-s800" in res.output and "train/kl/balanced" in res.output
+    assert max(len(line) for line in res.output.splitlines()) <= 120
 
 
 def test_replay_history_rejects_unknown_names(tiny_world):

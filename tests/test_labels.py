@@ -92,7 +92,7 @@ def test_labels_certify_a_policy_the_expert_set_cannot_and_release_promotes_it(t
     mv = client.get_model_version(REGISTERED_MODEL, far)
     assert mv.tags["expert_labels.total"] == "120"
     run = client.get_run(mv.tags["certification.run_id"])
-    assert run.data.metrics["expert_labels/dune"] == 20 and run.data.metrics["expert_labels/total"] == 120
+    assert run.data.metrics["certify/policy_labels/dune"] == 20 and run.data.metrics["certify/policy_labels/total"] == 120
     report = json.load(open(mlflow.artifacts.download_artifacts(run_id=run.info.run_id,
                                                                 artifact_path="certification.json")))
     oracle, policy = Oracle(tiny_world), M.load_policy(sharpened(tiny_world, str(tmp_path / "again")))[0]

@@ -50,7 +50,7 @@ def test_a_second_main_in_the_same_store_keeps_an_unbeaten_champion(tiny_world, 
     # whatever the first run promoted, give the champion alias to its best-certified version so that
     # the second run (same seeds, same candidates) cannot beat it
     versions = client.search_model_versions("name = 'rlhf-policy'")
-    certified = {r.data.params["model_version"]: r.data.metrics.get("certified/balanced", float("-inf"))
+    certified = {r.data.params["model_version"]: r.data.metrics.get("certify/certified/balanced", float("-inf"))
                  for r in mlflow.search_runs(search_all_experiments=True, output_format="list")
                  if r.data.tags.get("rlhf.step") == "certify"}
     best = max(versions, key=lambda v: certified.get(str(v.version), float("-inf")))

@@ -62,7 +62,7 @@ def test_release_moves_the_champion_only_on_all_pass(tiny_world, tmp_path):
     assert _run("certify", "--model-version", good, "--world", tiny_world).exit_code == 0
     cert_good = mlflow.MlflowClient().get_model_version(REGISTERED_MODEL, good).tags["certification.run_id"]
     run = mlflow.get_run(cert_good)
-    assert "certified/balanced" in run.data.metrics and "ess/dune" in run.data.metrics
+    assert "certify/certified/balanced" in run.data.metrics and "certify/ess/dune" in run.data.metrics
     arts = {a.path for a in mlflow.MlflowClient().list_artifacts(cert_good)}
     assert {"certification.json", "certification.md", "figures"} <= arts
 

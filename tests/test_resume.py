@@ -57,7 +57,7 @@ def test_sigterm_marks_the_run_killed_and_keeps_every_metric_point(tiny_world, t
     assert "interrupted" in err and "Traceback" not in err
     run = _only_run()
     assert run.info.status == "KILLED" and run.info.end_time
-    steps = _history_steps(run.info.run_id, "proxy/balanced")
+    steps = _history_steps(run.info.run_id, "train/proxy/balanced")
     # contiguous from step 1: the points buffered when the signal came were flushed, none lost
     assert steps == list(range(1, len(steps) + 1)) and len(steps) >= SAVE_EVERY
 
@@ -80,12 +80,12 @@ def test_sigkill_then_resume_finishes_the_same_run_as_if_uninterrupted(tiny_worl
     assert f"resuming run {run.info.run_id} at step" in resumed.stderr
     run = mlflow.get_run(run.info.run_id)
     assert run.info.status == "FINISHED" and int(run.data.tags["rlhf.resumed_from_step"]) >= SAVE_EVERY
-    for key in ("proxy/balanced", "kl/balanced", "loss", "entropy/balanced"):
+    for key in ("train/proxy/balanced", "train/kl/balanced", "train/loss", "train/entropy/balanced"):
         assert _history_steps(run.info.run_id, key) == list(range(1, STEPS + 1)), key
     # a family's curve has a point at the steps that drew it: the same steps and values as the straight run
     (first,) = mlflow.search_runs(search_all_experiments=True, filter_string="attributes.run_name = 'straight'",
                                   output_format="list")
-    for key in ("kl/dune", "proxy/ember"):
+    for key in ("train/kl/dune", "train/proxy/ember"):
         ours, theirs = (sorted((m.step, m.value) for m in mlflow.MlflowClient().get_metric_history(r, key))
                         for r in (run.info.run_id, first.info.run_id))
         assert [s for s, _ in ours] == [s for s, _ in theirs], key

@@ -86,10 +86,10 @@ def test_local_ray_sweep_of_four_trials(tiny_world, tmp_path):
         assert child.info.status == "FINISHED"
         for metric in FAMILY_CURVES:
             for fam in V.FAMILIES + ["balanced"]:
-                steps = [m.step for m in client.get_metric_history(child.info.run_id, f"{metric}/{fam}")]
+                steps = [m.step for m in client.get_metric_history(child.info.run_id, f"train/{metric}/{fam}")]
                 assert steps == [3, 6], (child.data.tags["rlhf.trial"], metric, fam, steps)
-        assert {"dev_proxy/balanced", "dev_kl/dune"} <= set(child.data.metrics)
-        assert {f"guardrail/{g}" for g in ("certifiable", "balanced_gain", "family_change", "family_kl",
+        assert {"trial/dev/proxy/balanced", "trial/dev/kl/dune"} <= set(child.data.metrics)
+        assert {f"trial/guardrail/{g}" for g in ("certifiable", "balanced_gain", "family_change", "family_kl",
                                            "marker_collapse", "beats_champion")} <= set(child.data.metrics)
         # its certification: a certify run nested under the trial, which the version points at
         nested = mlflow.search_runs(search_all_experiments=True, output_format="list",
@@ -97,7 +97,7 @@ def test_local_ray_sweep_of_four_trials(tiny_world, tmp_path):
         assert sorted(r.data.tags["rlhf.step"] for r in nested) == ["certify", "dev_eval"]  # the steps' own runs
         (cert,) = [r for r in nested if r.data.tags["rlhf.step"] == "certify"]
         assert cert.data.tags["rlhf.step"] == "certify" and cert.info.status == "FINISHED"
-        assert {"certifiable/balanced", "ess/dune", "kl/dune"} <= set(cert.data.metrics)
+        assert {"certify/certified/balanced", "certify/ess/dune"} <= set(cert.data.metrics)
         version = client.get_model_version("rlhf-policy", _version_of(client, child.info.run_id))
         assert version.tags["certification.run_id"] == cert.info.run_id
 

@@ -31,11 +31,11 @@ def test_train_rl_run_logs_family_curves_checkpoints_and_registers(tiny_world):
     (run,) = _runs("train_rl")
     assert run.info.status == "FINISHED"
     client = mlflow.MlflowClient()
-    hist = client.get_metric_history(run.info.run_id, "kl/balanced")
+    hist = client.get_metric_history(run.info.run_id, "train/kl/balanced")
     assert [m.step for m in hist] == [2, 4, 6]
     for key in ("proxy/balanced", "kl_k3/ember", "entropy/anvil", "top_token_share/fjord", "shaped/balanced",
                 "loss", "grad_norm", "steps_per_s"):
-        assert key in run.data.metrics, key
+        assert "train/" + key in run.data.metrics, key
     assert run.data.params["kl_coef"] == "0.1" and run.data.params["steps"] == "6"
     assert len(run.data.params["world_hash"]) == 16
     arts = {a.path for a in client.list_artifacts(run.info.run_id, "checkpoints")}
@@ -61,11 +61,11 @@ def test_dev_eval_links_metrics_to_the_model(tiny_world):
     assert res.exit_code == 0, res.output
     (run,) = _runs("dev_eval")
     assert {d.dataset.name for d in run.inputs.dataset_inputs} == {"prompts_dev.jsonl", "gold_calib.jsonl"}
-    assert {"proxy_mean", "kl_mean", "rm_gold_pearson", "proxy/dune", "proxy/pilot", "kl/balanced"} <= set(
-        run.data.metrics)
+    assert {"dev/proxy_mean", "dev/kl_mean", "dev/rm_gold_pearson", "dev/proxy/dune", "dev/proxy/pilot",
+            "dev/kl/balanced"} <= set(run.data.metrics)
     model_id = mlflow.models.get_model_info("models:/rlhf-policy/1").model_id
     logged = mlflow.get_logged_model(model_id)
-    assert {m.key for m in logged.metrics} >= {"proxy_mean", "kl/balanced"}
+    assert {m.key for m in logged.metrics} >= {"dev/proxy_mean", "dev/kl/balanced"}
 
 
 def test_a_failing_run_is_marked_failed_and_registers_nothing(tiny_world, tmp_path):
@@ -90,13 +90,14 @@ def test_train_rm_and_bon_runs(tiny_world, tmp_path):
                "--out", tmp_path / "rm", "--gold", os.path.join(tiny_world, "data", "gold_calib.jsonl"))
     assert res.exit_code == 0, res.output
     (run,) = _runs("train_rm")
-    assert len(mlflow.MlflowClient().get_metric_history(run.info.run_id, "loss")) == 2
-    assert "gold_pearson/dune" in run.data.metrics and "label_pearson/anvil" in run.data.metrics
+    assert len(mlflow.MlflowClient().get_metric_history(run.info.run_id, "rm/loss")) == 2
+    assert run.info.run_name == "train_rm"
+    assert "rm/gold_pearson/dune" in run.data.metrics and "rm/label_pearson/anvil" in run.data.metrics
     res = _run("bon", "--policy", os.path.join(tiny_world, "policy"), "--reward-model", tmp_path / "rm",
                "--prompts", os.path.join(tiny_world, "data", "prompts_dev.jsonl"), "--n", 3, "--limit", 5)
     assert res.exit_code == 0, res.output
     (run,) = _runs("bon")
-    assert "bon_proxy/balanced" in run.data.metrics
+    assert "bon/bon_proxy/balanced" in run.data.metrics
     assert [a.path for a in mlflow.MlflowClient().list_artifacts(run.info.run_id, "samples")] == [
         "samples/samples.jsonl"]
 
@@ -131,7 +132,7 @@ def test_build_world_run_logs_the_world(tmp_path):
     assert run.info.status == "FINISHED"
     assert run.data.params["seed"] == "2" and run.data.params["scale"] == "test"
     assert len(run.data.params["world_hash"]) == 16
-    assert "timing/total_s" in run.data.metrics
+    assert "build/total_s" in run.data.metrics
     names = {d.dataset.name for d in run.inputs.dataset_inputs}
     assert names == {"prompts_train.jsonl", "prompts_dev.jsonl", "gold_calib.jsonl", "train.jsonl"}
     assert [a.path for a in mlflow.MlflowClient().list_artifacts(run.info.run_id)] == ["manifest.json"]

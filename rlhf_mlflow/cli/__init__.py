@@ -3,6 +3,7 @@ parses and validates its options and calls one step function (rlhf_mlflow/steps/
 from __future__ import annotations
 
 import logging
+import os
 import sys
 
 import click
@@ -32,12 +33,16 @@ class Group(click.Group):
 
 
 @click.group(cls=Group)
-def cli():
+@click.option("--quiet", "-q", is_flag=True, help="No progress lines or bars: results and errors only.")
+def cli(quiet):
     """A small RLHF pipeline in pure PyTorch where every step is an MLflow run."""
-    from rlhf_mlflow.core.process import configure_threads, handle_signals
-    configure_threads()
-    handle_signals()
-    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    from rlhf_mlflow.core import process
+    process.configure_threads()
+    process.handle_signals()
+    if quiet:
+        os.environ[process.QUIET_ENV] = "1"  # worker processes inherit it
+    logging.basicConfig(level=logging.WARNING if process.quiet() else logging.INFO, format="%(message)s",
+                        stream=sys.stderr)
 
 
 for _module in (world, train, evaluate, release, labels, history, scale_out):

@@ -25,7 +25,10 @@ world_option = click.option("--world", default=None,
 
 
 def echo_err(message: str) -> None:
-    click.echo(message, err=True)
+    """Progress on stderr (silent under `rlhf-mlflow --quiet`)."""
+    from rlhf_mlflow.core.process import quiet
+    if not quiet():
+        click.echo(message, err=True)
 
 
 def echo_json(obj) -> None:

@@ -96,14 +96,14 @@ def grade_cmd(model_version, world, n):
 def main_cmd(world, steps_scale, out, label_budget):
     """The whole story: history, diagnostic, correction, candidates, certify, release, grade, summary."""
     from rlhf_mlflow.steps.main import run_main
-    from rlhf_mlflow.steps.reports import markdown_table
+    from rlhf_mlflow.steps.reports import story_markdown
     t0 = time.perf_counter()
     check_writable(out, "--out", directory=True)
     paths = resolve_world(world)
     if steps_scale <= 0:
         raise InputError(f"--steps-scale must be > 0, got {steps_scale}")
     table = run_main(paths, os.path.abspath(out), steps_scale, echo=echo_err, label_budget=label_budget)
-    click.echo(markdown_table(table))
+    click.echo(story_markdown(table))
     c = table.attrs.get("ceiling")
     if c:
         click.echo(f"champion truth {c['champion_truth_balanced']:.3f} = {c['fraction']:.0%} of the "

@@ -70,3 +70,12 @@ def process_state(tags: dict) -> str:
         return "unknown"
     start = pid_start(int(tags["rlhf.pid"]))
     return "alive" if start is not None and str(start) == tags.get("rlhf.pid_start") else "gone"
+
+
+QUIET_ENV = "RLHF_MLFLOW_QUIET"
+"""Set (to 1) by `rlhf-mlflow --quiet`; worker processes inherit it."""
+
+
+def quiet() -> bool:
+    """No progress on the console: results and errors only."""
+    return os.environ.get(QUIET_ENV, "") not in ("", "0")

@@ -8,6 +8,8 @@ is the one place the refusal rule lives; `weight_support` applies it without rea
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 
@@ -38,12 +40,17 @@ def support(ess: float, khat: float, pop_ess: float, n: int, cfg) -> dict:
     can carry an estimate, and why not."""
     reasons = []
     if ess < cfg.min_ess:
-        reasons.append(f"ESS {ess:.1f} < {cfg.min_ess:g} of {n}")
+        reasons.append(f"ESS {_below(ess)} < {cfg.min_ess:g} of {n}")
     if khat > cfg.max_khat:
-        reasons.append(f"weight tail k-hat {khat:.2f} > {cfg.max_khat:g}")
+        reasons.append(f"weight tail k-hat {math.ceil(khat * 100) / 100:.2f} > {cfg.max_khat:g}")
     if pop_ess < cfg.min_ess:
-        reasons.append(f"population ESS {pop_ess:.1f} < {cfg.min_ess:g} of {n} (from the policy's own samples)")
+        reasons.append(f"population ESS {_below(pop_ess)} < {cfg.min_ess:g} of {n} (from the policy's own samples)")
     return {"certifiable": not reasons, "reason": "; ".join(reasons) if reasons else "ok"}
+
+
+def _below(x: float) -> str:
+    """A number under its threshold, rounded down (9.96 prints as 9.9, never as the 10.0 it is below)."""
+    return f"{math.floor(x * 10) / 10:.1f}"
 
 
 @torch.no_grad()

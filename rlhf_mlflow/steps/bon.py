@@ -9,6 +9,7 @@ from rlhf_mlflow.core import model as M
 from rlhf_mlflow.core import records as D
 from rlhf_mlflow.core import reward_model as R
 from rlhf_mlflow.core.files import check_writable
+from rlhf_mlflow.tracking import metric_names as MN
 from rlhf_mlflow.tracking import runs as T
 from rlhf_mlflow.tracking.policy_model import resolve_policy
 from rlhf_mlflow.training.bon import best_of_n
@@ -30,5 +31,5 @@ def run_bon(policy: str, reward_model: str, prompts: str, n: int = 32, limit: in
         path = out or os.path.join(tmp, "samples.jsonl")
         D.write_jsonl(path, samples)
         T.log_artifact(path, "samples")
-        T.log_metrics(metrics, model_id=model_id)
+        T.log_metrics(MN.prefixed(MN.BON, metrics), model_id=model_id)
     return metrics

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from rlhf_mlflow.core import records as D
 from rlhf_mlflow.core.files import check_writable
 from rlhf_mlflow.core.world_paths import WorldPaths
+from rlhf_mlflow.tracking import metric_names as MN
 from rlhf_mlflow.tracking import runs as T
 from rlhf_mlflow.world.build import build_world, ensure_world
 
@@ -21,7 +22,8 @@ def run_build_world(seed: int, rules: list[dict], scale: str, out: str | None = 
     """Build the world into `out` (or reuse worlds/<hash>); returns it and its manifest."""
     if out:
         check_writable(out, directory=True)
-    with T.tracked_run("build_world", {"seed": seed, "spec": rules, "scale": scale}):
+    with T.tracked_run("build_world", {"seed": seed, "spec": rules, "scale": scale},
+                       run_name=f"build_world-{scale}-seed{seed}"):
         if out:
             manifest = build_world(out, seed, rules, scale, progress=progress)
             path = out
@@ -30,7 +32,7 @@ def run_build_world(seed: int, rules: list[dict], scale: str, out: str | None = 
         world = WorldPaths.at(path)
         T.log_params({"world_hash": manifest["world_hash"], "world": world.root})
         T.log_json_artifact(manifest, "manifest.json")
-        T.log_metrics({f"timing/{k}": v for k, v in manifest["timings"].items()})
+        T.log_metrics({f"{MN.BUILD}{k}": v for k, v in manifest["timings"].items()})
         for item, context, labelled in DATASETS:
             T.log_records_input(D.read_jsonl(world.path(item), labelled=labelled), world.path(item), context)
     return world, manifest

@@ -1,11 +1,15 @@
 """The `certify` step: a policy's true quality per family, estimated off-policy from the expert set
-(decisions/certify.py), as an MLflow run: `certified/<family>`, interval bounds, `ess/<family>`,
-gains, a markdown report and a figure, linked to the version's LoggedModel. The version is tagged
-with the run, its report's sha256 and its balanced estimate, last, so a failure leaves it untagged."""
+(decisions/certify.py), as an MLflow run: `certify/certified/<family>` with its interval, gain and
+ESS, every other number in one table per family, a markdown report and a figure, linked to the
+version's LoggedModel. The version is tagged with the run, its report's sha256 and its balanced
+estimate, last, so a failure leaves it untagged."""
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable
+
+import pandas as pd
 
 from rlhf_mlflow.core import records as D
 from rlhf_mlflow.core.errors import InputError
@@ -16,6 +20,7 @@ from rlhf_mlflow.decisions import certify as C
 from rlhf_mlflow.decisions.label_requests import check_labels
 from rlhf_mlflow.steps.figures import certification_plot
 from rlhf_mlflow.steps.reports import certification_markdown
+from rlhf_mlflow.tracking import metric_names as MN
 from rlhf_mlflow.tracking import registry as REG
 from rlhf_mlflow.tracking import runs as T
 
@@ -33,20 +38,33 @@ def world_inputs(world: WorldPaths | None, **explicit) -> dict:
     return out
 
 
+CHARTED = (("estimate", "certified"), ("lo", "certified_lo"), ("hi", "certified_hi"), ("gain", "gain"),
+           ("ess", "ess"))
+"""The numbers worth charting across versions, logged as `certify/<name>/<family>`; every other number
+certify computed is in the run's table `certification_table.json` (one row per family)."""
+TABLE_COLUMNS = ("certifiable", "estimate", "lo", "hi", "gain", "gain_lo", "gain_hi", "reference", "ess",
+                 "pop_ess", "khat", "kl", "snips", "direct", "labels", "reason")
+
+
+def _groups(report: dict) -> dict:
+    return {**report["families"], **{k: report[k] for k in ("balanced", "pilot") if k in report}}
+
+
 def certification_metrics(report: dict) -> dict:
+    """`certify/<name>/<family>` for the CHARTED numbers that are finite."""
     m = {}
-    groups = {**report["families"], **{k: report[k] for k in ("balanced", "pilot") if k in report}}
-    for f, r in groups.items():
-        m[f"certifiable/{f}"] = float(r["certifiable"])
-        m[f"reference_quality/{f}"] = r["reference"]
-        for key, name in (("estimate", "certified"), ("lo", "certified_lo"), ("hi", "certified_hi"),
-                          ("gain", "gain"), ("gain_lo", "gain_lo"), ("gain_hi", "gain_hi"),
-                          ("ess", "ess"), ("pop_ess", "pop_ess"), ("khat", "khat"), ("kl", "kl"),
-                          ("snips", "snips"), ("direct", "direct")):
+    for f, r in _groups(report).items():
+        for key, name in CHARTED:
             v = r.get(key)
-            if v is not None and abs(v) != float("inf"):
-                m[f"{name}/{f}"] = v
+            if v is not None and math.isfinite(v):
+                m[f"{MN.CERTIFY}{name}/{f}"] = v
     return m
+
+
+def certification_table(report: dict) -> pd.DataFrame:
+    """One row per family (then balanced, pilot): every number certify computed, and why it refused."""
+    rows = [{"family": f, **{c: r.get(c) for c in TABLE_COLUMNS}} for f, r in _groups(report).items()]
+    return pd.DataFrame(rows, columns=["family", *TABLE_COLUMNS])
 
 
 def run_certify(version: str | None = None, policy: str | None = None, world: WorldPaths | None = None,
@@ -69,11 +87,12 @@ def run_certify(version: str | None = None, policy: str | None = None, world: Wo
               "policy_labels": policy_labels, **{f"certify.{k}": v for k, v in cfg.__dict__.items()}}
     if wrapper:
         params["correction_sha256"] = wrapper.sha256
+    if version:  # before the run: a version of another world is refused with nothing logged
+        REG.version_for_world(version, world)
     with T.tracked_run("certify", params, tags=tags,
                        run_name=f"certify-v{version}" if version else "certify") as run:
         model_id = None
         if version:
-            REG.get_version(version)
             policy, model_id = REG.download_policy(version)
         if wrapper:
             T.log_bytes(wrapper.source, os.path.basename(wrapper.path), "correction")
@@ -90,7 +109,9 @@ def run_certify(version: str | None = None, policy: str | None = None, world: Wo
                                    "certification.balanced": REG.balanced_tag(report),
                                    "expert_labels.total": str(len(labels)),
                                    **({"correction_sha256": wrapper.sha256} if wrapper else {})})
-        echo(_summary_line(report, version))
+        line = _summary_line(report, version)
+        T.set_tags({"rlhf.summary": line})
+        echo(line)
     return {"run_id": run.info.run_id, "report": report}
 
 
@@ -107,8 +128,9 @@ def _checked_labels(path: str | None, version: str | None) -> list[dict]:
 
 def _log_report(report: dict, model_id: str | None, labels: list[dict], out: str | None) -> None:
     counts = {f: sum(r["family"] == f for r in labels) for f in report["families"]}
-    T.log_metrics(certification_metrics(report) | {f"expert_labels/{f}": n for f, n in counts.items()}
-                  | {"expert_labels/total": len(labels)}, model_id=model_id)
+    T.log_metrics(certification_metrics(report) | {f"{MN.CERTIFY}policy_labels/{f}": n for f, n in counts.items()}
+                  | {f"{MN.CERTIFY}policy_labels/total": len(labels)}, model_id=model_id)
+    T.log_table(certification_table(report), "certification_table.json")
     T.log_text(certification_markdown(report), "certification.md")
     T.log_figure(certification_plot(report), "figures/certification.png")
     if out:

@@ -7,6 +7,7 @@ from rlhf_mlflow.core import records as D
 from rlhf_mlflow.core import reward_model as R
 from rlhf_mlflow.core.files import atomic_write_json, check_writable
 from rlhf_mlflow.steps.figures import family_bars
+from rlhf_mlflow.tracking import metric_names as MN
 from rlhf_mlflow.tracking import runs as T
 from rlhf_mlflow.tracking.policy_model import resolve_policy
 from rlhf_mlflow.training.evaluate import dev_eval
@@ -29,7 +30,7 @@ def run_dev_eval(policy: str, policy_ref: str, reward_model: str, prompts: str, 
             T.log_records_input(gold_records, gold, "gold")
         res = dev_eval(M.load_policy(policy_dir)[0], M.load_policy(policy_ref)[0], R.load_rm(reward_model)[0],
                        prompt_records, gold_records, n, seed)
-        T.log_metrics(res.metrics, model_id=model_id)
+        T.log_metrics(MN.prefixed(MN.DEV, res.metrics), model_id=model_id)
         T.log_figure(family_bars(res.metrics, title=f"dev_eval: {policy}"), "figures/dev_eval_families.png")
         T.log_json_artifact(res.metrics, "dev_eval.json")
         if out:

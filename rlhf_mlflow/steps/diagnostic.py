@@ -5,6 +5,7 @@ from __future__ import annotations
 from rlhf_mlflow.core.files import atomic_write_json, check_writable
 from rlhf_mlflow.decisions.diagnostic import run_diagnostic
 from rlhf_mlflow.steps.figures import diagnostic_bars
+from rlhf_mlflow.tracking import metric_names as MN
 from rlhf_mlflow.tracking import runs as T
 
 
@@ -18,8 +19,8 @@ def run_diagnostic_step(rm_dir: str, policy_dir: str, prompts: str, n_prompts: i
     with T.tracked_run("diagnostic", params, run_name="diagnostic"):
         result = run_diagnostic(rm_dir, policy_dir, prompts, n_prompts, seed)
         fams = result["families"]
-        T.log_metrics({**{f"risk/{f}": v["risk"] for f, v in fams.items()},
-                       **{f"flag/{f}": float(v["flag"]) for f, v in fams.items()}})
+        T.log_metrics(MN.prefixed(MN.DIAGNOSTIC, {**{f"risk/{f}": v["risk"] for f, v in fams.items()},
+                                                   **{f"flag/{f}": float(v["flag"]) for f, v in fams.items()}}))
         T.log_json_artifact(result, "diagnostic.json")
         T.log_figure(diagnostic_bars(result), "figures/diagnostic.png")
         if out:

@@ -15,7 +15,7 @@ from rlhf_mlflow.world.oracle import Oracle
 
 def run_grade(version: str, world: WorldPaths, n: int = 4, echo: Callable[[str], None] = print) -> dict:
     """The oracle's true quality of a registered version, on its own run linked to the version's model."""
-    REG.get_version(version)
+    REG.version_for_world(version, world)
     policy_dir, model_id = REG.download_policy(version)
     out = run_grade_checkpoint(policy_dir, world, n, model_id=model_id, run_name=f"grade-v{version}",
                                params={"model_version": version})

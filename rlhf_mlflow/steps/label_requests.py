@@ -41,7 +41,7 @@ def run_label_requests(version: str, world: WorldPaths, families: str = "auto", 
                        echo: Callable[[str], None] = print) -> dict:
     """Draw the requests, write them to `out`, log them; returns {run_id, requests, families}."""
     check_writable(out)
-    mv = REG.get_version(version)
+    mv = REG.version_for_world(version, world)
     chosen = resolve_families(families, mv)
     expert_set = D.read_jsonl(world.expert_set, labelled=True)
     params = {"model_version": str(mv.version), "families": families, "per_family": per_family, "seed": seed,

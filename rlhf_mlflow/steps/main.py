@@ -27,8 +27,9 @@ from rlhf_mlflow.steps.main_candidates import CHECKPOINTS, TrainJob, train_all
 from rlhf_mlflow.steps.main_labels import LabelBudget, buy_labels
 from rlhf_mlflow.steps.main_summary import summary_table
 from rlhf_mlflow.steps.release import run_release
-from rlhf_mlflow.steps.reports import markdown_table
+from rlhf_mlflow.steps.reports import markdown_table, story_markdown
 from rlhf_mlflow.steps.train_rl import run_train_rl
+from rlhf_mlflow.tracking import metric_names as MN
 from rlhf_mlflow.tracking import registry as REG
 from rlhf_mlflow.tracking import runs as T
 from rlhf_mlflow.training.recipes import CORRECTED, SEED_HISTORY, scaled
@@ -80,10 +81,26 @@ def run_main(world: WorldPaths, out_dir: str, steps_scale: float = 1.0, ceiling:
         table = summary_table(parent.info.run_id)
         if ceiling:
             _ceiling_if_new_champion(world, out_dir, table, steps_scale, echo)
-        T.log_text(markdown_table(table), "summary.md")
+        story = story_markdown(table)
+        T.set_description(story)
+        T.log_text(story + "\nEvery column (each guardrail, dev proxy, checkpoint step): summary.csv, or "
+                   "full_summary.md.\n", "summary.md")
+        T.log_text(markdown_table(table), "full_summary.md")
         T.log_text(table.to_csv(index=False), "summary.csv")
-        T.log_metrics({"seconds": time.perf_counter() - t0, "expert_labels": budget.spent})
+        T.log_metrics(_outcome_metrics(table) | {MN.MAIN + "seconds": time.perf_counter() - t0,
+                                                 MN.MAIN + "expert_labels": budget.spent})
     return table
+
+
+def _outcome_metrics(table: pd.DataFrame) -> dict:
+    """What a user charts across main runs: the champion's certified balanced quality (if this run
+    made one), candidates promoted and refused."""
+    out = {MN.MAIN + "candidates_refused": float((table["decision"] == "refused").sum()) if len(table) else 0.0,
+           MN.MAIN + "candidates_promoted": float((table["decision"] == "promoted").sum()) if len(table) else 0.0}
+    champ = table[table["champion"]] if len(table) else table
+    if len(champ) and champ.iloc[0]["certified_balanced"] is not None:
+        out[MN.MAIN + "champion_certified_balanced"] = float(champ.iloc[0]["certified_balanced"])
+    return out
 
 
 def _diagnose_and_correct(world: WorldPaths, out_dir: str, echo: Callable[[str], None]) -> tuple[str, str | None]:
@@ -131,5 +148,5 @@ def _ceiling(world: WorldPaths, out_dir: str, champion, table: pd.DataFrame, ste
     champ_truth = float(table.loc[table["model_version"] == str(champion.version), "truth_balanced"].iloc[0])
     table.attrs["ceiling"] = {"recipe": name, "steps": ov["steps"], "ceiling_truth_balanced": ceiling_truth,
                               "champion_truth_balanced": champ_truth, "fraction": champ_truth / ceiling_truth}
-    T.log_metrics({"ceiling/truth_balanced": ceiling_truth, "champion/truth_balanced": champ_truth,
-                   "champion/ceiling_fraction": champ_truth / ceiling_truth})
+    T.log_metrics({MN.MAIN + "ceiling/truth_balanced": ceiling_truth, MN.MAIN + "champion/truth_balanced": champ_truth,
+                   MN.MAIN + "champion/ceiling_fraction": champ_truth / ceiling_truth})

@@ -101,6 +101,10 @@ def _in_workers(jobs: list[TrainJob], env: WorkerEnv, workers: int, echo: Callab
     return done
 
 
+PROGRESS_EVERY = 30.0
+"""Seconds between a training candidate's progress lines (workers print them as they go)."""
+
+
 def _enter_worker(env: WorkerEnv) -> None:
     """A worker process: one torch thread, main's store and experiment, never the launcher's run."""
     enter_worker(env.tracking_uri, env.experiment_name, 1)
@@ -117,7 +121,7 @@ def _train_job(env: WorkerEnv, job: TrainJob, echo: Callable[[str], None] | None
     select = latest_certifiable(world, say) if job.select_certifiable else None
     summary = run_train_rl(cfg, world=world, run_name=job.name, description=job.description,
                            tags={**job.tags, "mlflow.parentRunId": env.parent_run_id},
-                           echo=lambda m: None, progress=False, select=select)
+                           echo=lambda m: None, progress=PROGRESS_EVERY, select=select)
     say(f"  {job.name}: {cfg.steps} steps in {summary['seconds']:.0f} s")
     return job.name, summary, lines
 
@@ -137,7 +141,7 @@ def latest_certifiable(world: WorldPaths, echo: Callable[[str], None]) -> Callab
             if not short:
                 echo(f"  registering step {step}: every family certifiable")
                 return step
-            echo(f"  step {step}: " + "; ".join(f"{f} {why}" for f, why in short.items()))
+            echo(f"  step {step} not certifiable in " + "; ".join(f"{f} ({why.split(';')[0]})" for f, why in short.items()))
         echo("  no checkpoint certifiable: registering the final one")
         return saved[-1][0]
     return select

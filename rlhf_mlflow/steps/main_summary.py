@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pandas as pd
 
+from rlhf_mlflow.tracking import metric_names as MN
 from rlhf_mlflow.tracking import registry as REG
 from rlhf_mlflow.tracking import runs as T
 from rlhf_mlflow.training.recipes import CANDIDATES
@@ -35,15 +36,17 @@ def summary_table(parent_run_id: str) -> pd.DataFrame:
                                              else len(order), int(v.version))):
         row = {"candidate": v.tags.get("recipe"), "model_version": str(v.version),
                "step": int(v.tags["checkpoint_step"]) if v.tags.get("checkpoint_step") else None,
-               "dev_proxy": latest("dev_eval", v.version, "metrics.proxy_mean"),
-               "certified_balanced": latest("certify", v.version, "metrics.certified/balanced"),
-               "certified_lo": latest("certify", v.version, "metrics.certified_lo/balanced"),
-               "certified_hi": latest("certify", v.version, "metrics.certified_hi/balanced")}
+               "dev_proxy": latest("dev_eval", v.version, f"metrics.{MN.DEV}proxy_mean"),
+               "certified_balanced": latest("certify", v.version, f"metrics.{MN.CERTIFY}certified/balanced"),
+               "certified_lo": latest("certify", v.version, f"metrics.{MN.CERTIFY}certified_lo/balanced"),
+               "certified_hi": latest("certify", v.version, f"metrics.{MN.CERTIFY}certified_hi/balanced")}
         tags = REG.get_version(v.version).tags
         row["labels"] = int(tags.get("expert_labels.total") or 0)
         for k, val in sorted(tags.items()):
             if k.startswith("guardrail."):
                 row[k.split(".", 1)[1]] = val.split(":", 1)[0]
+        row["refused_by"] = ", ".join(k.split(".", 1)[1] for k, val in sorted(tags.items())
+                                      if k.startswith("guardrail.") and val.startswith("fail"))
         row["decision"] = tags.get("release.decision")
         row["champion"] = champion is not None and str(champion.version) == str(v.version)
         row["truth_balanced"] = latest("grade", v.version, "metrics.truth/balanced")

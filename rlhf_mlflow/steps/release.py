@@ -15,7 +15,12 @@ from rlhf_mlflow.core.checkpoint import content_sha256
 from rlhf_mlflow.core.errors import InputError
 from rlhf_mlflow.decisions import certify as C
 from rlhf_mlflow.decisions import guardrails as G
-from rlhf_mlflow.steps.reports import release_markdown
+from rlhf_mlflow.steps.reports import (
+    guardrails_markdown,
+    release_markdown,
+    verdict_markdown,
+)
+from rlhf_mlflow.tracking import metric_names as MN
 from rlhf_mlflow.tracking import registry as REG
 from rlhf_mlflow.tracking import runs as T
 from rlhf_mlflow.tracking.release_lock import ReleaseLock
@@ -46,7 +51,8 @@ def run_release(version: str, certification_run: str | None = None, guardrails: 
             passed = all(ok for ok, _ in results.values())
             decision = "promoted" if passed else "refused"
             before = current.version if current else None
-            T.log_metrics({f"guardrail/{k}": float(ok) for k, (ok, _) in results.items()} | {"promoted": float(passed)})
+            T.log_metrics({f"{MN.RELEASE}guardrail/{k}": float(ok) for k, (ok, _) in results.items()}
+                          | {MN.RELEASE + "promoted": float(passed)})
             T.log_text(release_markdown(mv.version, results, decision, before), "release.md")
             T.log_json_artifact({"model_version": mv.version, "certification_run": cert_run, "evidence": evidence,
                                  "decision": decision, "champion_before": before,
@@ -64,10 +70,20 @@ def run_release(version: str, certification_run: str | None = None, guardrails: 
                 REG.move_champion(mv.version)
                 REG.set_tags(mv.version, {"release.decision": "promoted", "release.previous_champion": before or "none",
                                           "release.promoted_at": f"{time.time():.3f}"})
+        _describe(mv, results, decision, report, cfg)
         failed = [k for k, (ok, _) in results.items() if not ok]
         echo(f"release version {mv.version}: {decision}" + (f" (failed: {', '.join(failed)})" if failed else
                                                             " -> models:/rlhf-policy@champion"))
     return {"run_id": run.info.run_id, "decision": decision, "guardrails": results, "certification_run": cert_run}
+
+
+def _describe(mv, results: dict, decision: str, report: dict, cfg: G.GuardrailConfig) -> None:
+    """Where people look: the verdict on the version's description and on its training run's tags,
+    the guardrails on the registered model's description (words only: the decision is in the tags)."""
+    REG.describe(mv.version, verdict_markdown(mv.version, results, decision, report))
+    REG.describe(None, guardrails_markdown(cfg.to_dict()))
+    if mv.run_id:
+        T.tag_run(mv.run_id, {"rlhf.release_decision": decision, "rlhf.model_version": str(mv.version)})
 
 
 COMPARED = ("certifiable", "estimate", "lo", "hi", "gain", "gain_lo", "gain_hi", "ess", "kl")

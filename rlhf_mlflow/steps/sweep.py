@@ -29,6 +29,7 @@ from rlhf_mlflow.steps.ray_tune import (
 )
 from rlhf_mlflow.steps.release import run_release
 from rlhf_mlflow.steps.sweep_trial import TrialContext, run_trial
+from rlhf_mlflow.tracking import metric_names as MN
 from rlhf_mlflow.tracking import registry as REG
 from rlhf_mlflow.tracking import runs as T
 from rlhf_mlflow.tracking.workers import (
@@ -113,4 +114,4 @@ def _log_results(table: pd.DataFrame, best: pd.Series | None) -> None:
         return
     T.set_tags({"rlhf.best_trial": best["trial"], "rlhf.best_run_id": best["run_id"],
                      "rlhf.best_model_version": str(best.get("model_version"))})
-    T.log_metrics({"best_certified/balanced": float(best["certified/balanced"])})
+    T.log_metrics({MN.SWEEP + "best_certified/balanced": float(best["certified/balanced"])})

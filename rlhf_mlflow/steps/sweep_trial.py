@@ -2,8 +2,8 @@
 
 A trial's run is its train_rl run (params, per-family curves, checkpoints, a registered
 version of `rlhf-policy`), tagged with the sweep's parent run id; after training the same run gets
-the trial's dev evaluation (`dev_<metric>/<family>`) and every release guardrail (`guardrail/<name>` = 1
-or 0, the reasons in tags); its certification is a certify run nested under it, which tags the
+the trial's dev evaluation (`trial/dev/<metric>/<family>`) and every release guardrail
+(`trial/guardrail/<name>` = 1 or 0, the reasons in tags); its certification is a certify run nested under it, which tags the
 version as `rlhf-mlflow certify` does, so `rlhf-mlflow release --model-version V` can act on the
 sweep's best trial as is.
 
@@ -23,6 +23,7 @@ from rlhf_mlflow.steps.certify import run_certify
 from rlhf_mlflow.steps.dev_eval import run_dev_eval
 from rlhf_mlflow.steps.ray_tune import trial_name
 from rlhf_mlflow.steps.train_rl import run_train_rl
+from rlhf_mlflow.tracking import metric_names as MN
 from rlhf_mlflow.tracking import runs as T
 from rlhf_mlflow.tracking.workers import enter_worker
 from rlhf_mlflow.training.rl_config import RLConfig
@@ -67,7 +68,7 @@ def run_trial(ctx: TrialContext, recipe: dict) -> dict:
         with T.reopened_run(summary["run_id"]):  # dev_eval and certify runs nest under the trial's run
             dev = run_dev_eval(policy_dir, cfg.policy_ref, cfg.reward_model, world.prompts_dev, world.expert_set,
                                run_name=f"dev_eval-{name}")
-            T.log_metrics({DEV_PREFIX + k: v for k, v in dev.items()})
+            T.log_metrics({MN.TRIAL + MN.DEV + k: v for k, v in dev.items()})
             report, gates = certify_trial(policy_dir, cfg, ctx, summary.get("model_version"))
     row = {"run_id": summary["run_id"], "model_version": summary.get("model_version"),
            "seconds": summary["seconds"], "proxy/balanced": summary.get("proxy/balanced"),
@@ -92,7 +93,7 @@ def certify_trial(policy_dir: str, cfg, ctx: TrialContext, version: str | None
                       tags={"rlhf.sweep_run": ctx.parent_run_id})
     report = res["report"]
     gates = G.evaluate(report, G.GuardrailConfig.from_dict(dict(ctx.guardrails)), ctx.champion)
-    T.log_metrics({f"guardrail/{k}": float(ok) for k, (ok, _) in gates.items()})
+    T.log_metrics({f"{MN.TRIAL}guardrail/{k}": float(ok) for k, (ok, _) in gates.items()})
     T.log_json_artifact({k: {"pass": ok, "reason": why} for k, (ok, why) in gates.items()}, "guardrails.json")
     T.set_tags({"rlhf.certification_run": res["run_id"],
                      **{f"guardrail.{k}": f"{'pass' if ok else 'fail'}: {why}"[:4900] for k, (ok, why) in gates.items()}})

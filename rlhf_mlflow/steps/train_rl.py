@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
+import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
@@ -19,9 +21,10 @@ from rlhf_mlflow.core import model as M
 from rlhf_mlflow.core import records as D
 from rlhf_mlflow.core.config import from_dict
 from rlhf_mlflow.core.errors import InputError
-from rlhf_mlflow.core.process import process_state
+from rlhf_mlflow.core.process import process_state, quiet
 from rlhf_mlflow.core.reward_wrapper import load_wrapper
 from rlhf_mlflow.core.world_paths import WorldPaths
+from rlhf_mlflow.tracking import metric_names as MN
 from rlhf_mlflow.tracking import runs as T
 from rlhf_mlflow.tracking.policy_model import log_policy
 from rlhf_mlflow.training import train_state as TS
@@ -43,7 +46,7 @@ def input_hashes(cfg: RLConfig) -> dict[str, str]:
 
 def run_train_rl(cfg: RLConfig, world: WorldPaths | None = None, out: str | None = None,
                  run_name: str | None = None, register: bool = True,
-                 echo: Callable[[str], None] = print, progress: bool = True, description: str | None = None,
+                 echo: Callable[[str], None] = print, progress: bool | float = True, description: str | None = None,
                  tags: dict | None = None, select: Callable[[list[tuple[int, str]]], int] | None = None,
                  overwrite: bool = False) -> dict:
     """Train, log and register. Returns a summary (run id, model version, final metrics).
@@ -52,6 +55,7 @@ def run_train_rl(cfg: RLConfig, world: WorldPaths | None = None, out: str | None
     hold only this run's files (its marker .rlhf_run.json), unless `overwrite` deletes what it holds.
     `select`, given the checkpoints as (step, directory) in step order (the final one last), returns
     the step whose policy is registered (default: the final one); the version is tagged with it.
+    `progress`: True, a bar on a terminal; a number, a line every that many seconds; False, nothing.
     """
     recipe = run_name or f"kl{cfg.kl_coef:g}-s{cfg.steps}"
     if out:
@@ -160,11 +164,11 @@ def _train(job: Job, out: str | None, register: bool, echo: Callable[[str], None
     cfg, run_id = job.cfg, job.run_id
     with tempfile.TemporaryDirectory() as tmp:
         ckpt_root = out or os.path.join(tmp, "policy")
-        bar = _progress(cfg.steps, progress, resume.state.step if resume else 0)
+        bar = _progress(cfg.steps, progress, resume.state.step if resume else 0, job.recipe)
         logger = T.MetricLogger(stored=stored)
 
         def on_log(step, metrics):
-            logger(step, metrics)
+            logger(step, MN.prefixed(MN.TRAIN, metrics))
             bar(step, metrics)
 
         saved = []
@@ -207,9 +211,15 @@ def _register(job: Job, saved: list[tuple[int, str]], select, echo: Callable[[st
                     "checkpoint_step": str(step)}
     if job.wrapper:
         version_tags["reward_wrapper_sha256"] = job.wrapper.sha256
-    info, version = log_policy(dict(saved)[step], tags=version_tags)
+    info, version = log_policy(dict(saved)[step], tags=version_tags, name=_model_name(job.recipe))
     echo(f"registered rlhf-policy version {version.version} (run {job.run_id}, step {step})")
     return {"model_id": info.model_id, "model_version": version.version, "registered_step": step}
+
+
+def _model_name(recipe: str) -> str:
+    """The LoggedModel's name: the recipe, in the characters MLflow allows in a model name (no `.`,
+    `/`, `:`, `%` or quotes: kl0.1-s2 -> kl0_1-s2)."""
+    return re.sub(r"[^A-Za-z0-9_-]+", "_", recipe).strip("_-") or "policy"
 
 
 def _check_out(out: str, cfg: RLConfig, overwrite: bool) -> None:
@@ -225,10 +235,15 @@ def _check_out(out: str, cfg: RLConfig, overwrite: bool) -> None:
         raise InputError(f"--out {out} --overwrite would delete the current directory: choose another directory")
 
 
-def _progress(total: int, enabled: bool, start: int = 0):
-    """A terminal progress bar on stderr when attached to a TTY; silent otherwise."""
+def _progress(total: int, enabled: bool | float, start: int = 0, label: str = ""):
+    """Progress on stderr, silent under --quiet: `enabled` True, a bar when attached to a terminal
+    (nothing in logs); a number, a line every that many seconds (worker processes, logs)."""
     import sys
-    if not (enabled and sys.stderr.isatty()):
+    if quiet() or not enabled:
+        return lambda step, metrics: None
+    if enabled is not True:
+        return _progress_lines(total, float(enabled), label)
+    if not sys.stderr.isatty():
         return lambda step, metrics: None
     from tqdm import tqdm
     bar = tqdm(total=total, initial=start, unit="step", file=sys.stderr)
@@ -241,4 +256,18 @@ def _progress(total: int, enabled: bool, start: int = 0):
         bar.update(step - state["last"])
         state["last"] = step
         bar.set_postfix(proxy=f"{metrics['proxy/balanced']:.3f}", kl=f"{metrics['kl/balanced']:.2f}")
+    return update
+
+
+def _progress_lines(total: int, every: float, label: str):
+    import sys
+    t0 = last = time.perf_counter()
+
+    def update(step, metrics):
+        nonlocal last
+        now = time.perf_counter()
+        if step is not None and now - last >= every:
+            last = now
+            print(f"  {label}: step {step}/{total} ({now - t0:.0f} s), proxy {metrics['proxy/balanced']:.3f}, "
+                  f"kl {metrics['kl/balanced']:.2f}", file=sys.stderr, flush=True)
     return update

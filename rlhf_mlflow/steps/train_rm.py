@@ -8,6 +8,7 @@ from dataclasses import asdict
 from rlhf_mlflow.core import records as D
 from rlhf_mlflow.core import reward_model as R
 from rlhf_mlflow.core.files import check_writable
+from rlhf_mlflow.tracking import metric_names as MN
 from rlhf_mlflow.tracking import runs as T
 from rlhf_mlflow.training.train_rm import RMConfig, per_family_fit, train_rm
 
@@ -23,7 +24,7 @@ def run_train_rm(data: str, out: str, cfg: RMConfig, gold: str | None = None,
         logger = T.MetricLogger()
 
         def on_log(epoch, m):
-            logger(epoch, m)
+            logger(epoch, MN.prefixed(MN.RM, m))
             echo(f"epoch {epoch}: loss {m['loss']:.4f}")
 
         rm, info = train_rm(records, cfg, on_log=on_log)
@@ -34,6 +35,6 @@ def run_train_rm(data: str, out: str, cfg: RMConfig, gold: str | None = None,
             scores = R.score(rm, D.prompts_tensor(gold_recs), D.responses_tensor(gold_recs))
             fit = per_family_fit(scores, D.labels_tensor(gold_recs), D.family_index(gold_recs))
             metrics.update({f"gold_pearson/{f}": v["pearson"] for f, v in fit.items()})
-        T.log_metrics(metrics)
+        T.log_metrics(MN.prefixed(MN.RM, metrics))
         T.log_artifact(out, "reward_model")
     return info["fit"]

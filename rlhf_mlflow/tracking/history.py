@@ -3,13 +3,14 @@
     from rlhf_mlflow import history
     runs = history.runs(step="train_rl")                 # one row per run
     tidy = history.family_frame(runs)                     # run_id, run_name, metric, family, value
-    history.leaderboard(runs, "truth/balanced")           # best first, with the recipe params
+    history.leaderboard(runs, "train/proxy/balanced")    # best first, with the recipe params
 """
 from __future__ import annotations
 
 import pandas as pd
 
 from rlhf_mlflow.core import vocab as V
+from rlhf_mlflow.tracking import metric_names as MN
 from rlhf_mlflow.tracking.runs import search_runs
 
 FAMILY_KEYS = V.FAMILIES + ["balanced", "pilot"]
@@ -38,16 +39,43 @@ def family_frame(frame: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["run_id", "run_name", "metric", "family", "value"])
 
 
-def leaderboard(frame: pd.DataFrame, metric: str = "proxy/balanced", ascending: bool = False) -> pd.DataFrame:
-    """Runs sorted by a metric, with their recipe params and balanced metrics beside it."""
+DEFAULT_METRIC = {"train_rl": MN.TRAIN + "proxy/balanced", "dev_eval": MN.DEV + "proxy/balanced",
+                  "certify": MN.CERTIFY + "certified/balanced", "grade": MN.TRUTH + "balanced",
+                  "release": MN.RELEASE + "promoted", "diagnostic": MN.DIAGNOSTIC + "risk/dune"}
+"""What `rlhf-mlflow runs --step S` sorts by when no --metric is given."""
+STEP_PREFIX = {"train_rl": MN.TRAIN, "dev_eval": MN.DEV, "certify": MN.CERTIFY, "release": MN.RELEASE,
+               "diagnostic": MN.DIAGNOSTIC, "train_rm": MN.RM, "bon": MN.BON, "main": MN.MAIN}
+
+
+def metric_column(frame: pd.DataFrame, metric: str, step: str | None = None) -> str:
+    """The metric's name as stored: `certified/balanced` on certify runs is `certify/certified/balanced`
+    (a name from before the step prefixes still finds its column)."""
+    prefix = STEP_PREFIX.get(step or "", "")
+    if f"metrics.{metric}" not in frame.columns and prefix and f"metrics.{prefix}{metric}" in frame.columns:
+        return prefix + metric
+    return metric
+
+
+def leaderboard(frame: pd.DataFrame, metric: str = MN.TRAIN + "proxy/balanced", ascending: bool = False
+                ) -> pd.DataFrame:
+    """Runs sorted by a metric, with their recipe params and balanced metrics beside it. Runs without
+    the metric (a refused certification, a failed run) come last, with `note` saying why."""
     col = f"metrics.{metric}"
-    if col not in frame.columns:
+    if col not in frame.columns or frame.empty:
         return pd.DataFrame(columns=["run_name", metric])
-    keep = ["run_id", "tags.mlflow.runName"] + [f"params.{p}" for p in RECIPE_PARAMS if f"params.{p}" in frame]
+    keep = ["run_id", "tags.mlflow.runName", col] + [f"params.{p}" for p in RECIPE_PARAMS if f"params.{p}" in frame]
     keep += sorted(c for c in frame.columns if c.startswith("metrics.") and c.endswith("/balanced"))
-    out = frame[frame[col].notna()][list(dict.fromkeys(keep + [col]))].sort_values(col, ascending=ascending)
+    out = frame.sort_values(col, ascending=ascending, na_position="last")[list(dict.fromkeys(keep))]
+    note = frame.get("tags.rlhf.summary", pd.Series(index=frame.index, dtype=object))
+    out["note"] = [("" if pd.notna(v) else _why_missing(frame.loc[i], note.get(i))) for i, v in out[col].items()]
     out.columns = [c.split(".", 1)[-1] if c.startswith(("params.", "metrics.")) else c for c in out.columns]
     return out.rename(columns={"tags.mlflow.runName": "run_name"}).reset_index(drop=True)
+
+
+def _why_missing(row: pd.Series, summary) -> str:
+    if row.get("status") not in (None, "FINISHED"):
+        return f"run {row['status']}"
+    return summary if isinstance(summary, str) and summary else "metric not logged"
 
 
 def with_params(frame: pd.DataFrame, **params) -> pd.DataFrame:

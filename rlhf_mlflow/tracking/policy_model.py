@@ -37,16 +37,17 @@ def generate(policy, frame: pd.DataFrame, temperature: float = 1.0, seed: int = 
                          "logprob": logprobs.tolist()})
 
 
-def log_policy(policy_dir: str, registered: bool = True, tags: dict | None = None):
-    """Log a policy checkpoint as a pyfunc model in the active run; register it as a new version of
-    `rlhf-policy` when `registered`. Returns (ModelInfo, ModelVersion or None)."""
+def log_policy(policy_dir: str, registered: bool = True, tags: dict | None = None, name: str = "policy"):
+    """Log a policy checkpoint as a pyfunc model (a LoggedModel called `name`, e.g. its recipe) in the
+    active run; register it as a new version of `rlhf-policy` when `registered`. Returns (ModelInfo,
+    ModelVersion or None)."""
     from rlhf_mlflow.core import model as M
     policy, _ = M.load_policy(policy_dir)
     example = pd.DataFrame({"id": ["ex-0", "ex-1"], "family": ["anvil", "dune"], "attrs": [[0, 1, 2, 3], [7, 6, 5, 4]]})
     signature = infer_signature(example, generate(policy, example), params={"temperature": 1.0, "seed": 0})
     info = mlflow.pyfunc.log_model(
         # models from code: the model is defined by a source file, so loading it unpickles nothing
-        name="policy", python_model=MODEL_CODE, artifacts={"policy": policy_dir},
+        name=name, python_model=MODEL_CODE, artifacts={"policy": policy_dir},
         code_paths=[PACKAGE_DIR], signature=signature, input_example=example,
         pip_requirements=["torch==2.13.0", "safetensors", "numpy", "pandas"],
         registered_model_name=REGISTERED_MODEL if registered else None, tags=tags)

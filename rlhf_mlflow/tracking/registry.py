@@ -19,6 +19,7 @@ import tempfile
 import mlflow
 
 from rlhf_mlflow.core.errors import InputError
+from rlhf_mlflow.tracking import metric_names as MN
 from rlhf_mlflow.tracking.policy_model import REGISTERED_MODEL
 
 CHAMPION = "champion"
@@ -34,6 +35,21 @@ def get_version(version: str | int, name: str = REGISTERED_MODEL):
         return client().get_model_version(name, str(version))
     except mlflow.exceptions.MlflowException:
         raise InputError(f"model version {name}/{version} does not exist") from None
+
+
+def version_for_world(version: str | int, world, name: str = REGISTERED_MODEL):
+    """The version, refused when it was trained on another world than `world` (a WorldPaths, or None
+    for no check): both carry the world's content hash (the version's `world_hash` tag, the world's
+    manifest); a fixture built elsewhere has none and is not checked."""
+    mv = get_version(version, name)
+    trained = mv.tags.get("world_hash")
+    manifest = world.manifest() if world is not None else None
+    here = (manifest or {}).get("world_hash")
+    if trained and here and trained != here:
+        raise InputError(f"version {mv.version} was trained on world {trained}, but {world.root} is world {here}: "
+                         f"pass the --world it was trained on (`rlhf-mlflow runs --step build_world` lists worlds "
+                         f"by hash)")
+    return mv
 
 
 def version_uri(version: str | int, name: str = REGISTERED_MODEL) -> str:
@@ -175,11 +191,12 @@ def _metric_mismatch(metrics: dict, report: dict) -> str | None:
     groups = {**report.get("families", {}), "balanced": report.get("balanced", {})}
     for group, row in groups.items():
         est = row.get("estimate")
-        logged = metrics.get(f"certified/{group}")
+        name = f"{MN.CERTIFY}certified/{group}"
+        logged = metrics.get(name)
         if est is None and logged is None:
             continue
         if est is None or logged is None or abs(float(est) - logged) > 1e-9:
-            return f"certified/{group}: logged {logged}, report {est}"
+            return f"{name}: logged {logged}, report {est}"
     return None
 
 
@@ -187,6 +204,17 @@ def set_tags(version: str | int, tags: dict, name: str = REGISTERED_MODEL) -> No
     c = client()
     for k, v in tags.items():
         c.set_model_version_tag(name, str(version), k, str(v)[:4900])
+
+
+def describe(version: str | int | None, text: str, name: str = REGISTERED_MODEL) -> None:
+    """The description the registry page shows: the version's (its verdict), or with no version the
+    registered model's (left alone when it already says the same)."""
+    c = client()
+    if version is None:
+        if c.get_registered_model(name).description != text:
+            c.update_registered_model(name, description=text)
+    else:
+        c.update_model_version(name, str(version), description=text)
 
 
 def move_champion(version: str | int, name: str = REGISTERED_MODEL) -> None:

@@ -63,7 +63,8 @@ def tracked_run(step: str, params: dict | None = None, tags: dict | None = None,
     runtime.handle_signals is on), FAILED on any other error (and re-raised). Inside another step's
     run (the `main` pipeline) it is a child run. `run_id` re-opens an existing run (a resume).
     The run is tagged with this process (host, pid, start time) so that `rlhf-mlflow runs --repair`
-    can tell a run whose process is gone from one still going."""
+    can tell a run whose process is gone from one still going. A run is named `run_name`, or after its
+    step."""
     _ensure_experiment()
     launched = os.environ.get("MLFLOW_RUN_ID")  # the launcher's run; start_run unsets the variable
     nested = nested or mlflow.active_run() is not None
@@ -72,7 +73,7 @@ def tracked_run(step: str, params: dict | None = None, tags: dict | None = None,
         run = mlflow.start_run(run_id=run_id, nested=nested)
         set_tags(all_tags)
     else:
-        run = mlflow.start_run(run_name=run_name, description=description, nested=nested, tags=all_tags)
+        run = mlflow.start_run(run_name=run_name or step, description=description, nested=nested, tags=all_tags)
     if launched and run.info.run_id == launched:
         _warn_if_default(run)
     try:
@@ -160,6 +161,18 @@ MAX_TAG = 5000
 def set_tags(tags: dict) -> None:
     """Tags of the active run; long values are cut to what every store accepts."""
     mlflow.set_tags({k: str(v)[:MAX_TAG] for k, v in tags.items()})
+
+
+def tag_run(run_id: str, tags: dict) -> None:
+    """Tags on another (finished) run, e.g. the release decision on the version's training run."""
+    c = mlflow.MlflowClient()
+    for k, v in tags.items():
+        c.set_tag(run_id, k, str(v))
+
+
+def set_description(text: str) -> None:
+    """The active run's description (the markdown the run page shows first)."""
+    mlflow.set_tag("mlflow.note.content", text)
 
 
 def log_metrics(metrics: dict, step: int | None = None, model_id: str | None = None) -> None:

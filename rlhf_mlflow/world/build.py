@@ -130,7 +130,8 @@ def build_world(out_dir: str, seed: int = 0, spec: list[dict] | None = None, sca
     with atomic_dir(out_dir) as tmp:
         world = WorldPaths(tmp)
         say("training the reference policy on noisy demonstrations")
-        policy = _reference_policy(world, cfg, truth, confusions, rng)
+        policy = _reference_policy(world, cfg, truth, confusions, rng, lambda epoch, n, loss: say(
+            f"  reference epoch {epoch}/{n}: expected nll {loss:.3f} ({time.perf_counter() - t0:.0f} s)"))
         timings = {"sft_s": time.perf_counter() - t0}
         say("writing prompt pools")
         _prompt_pools(world, cfg, rng)
@@ -138,7 +139,8 @@ def build_world(out_dir: str, seed: int = 0, spec: list[dict] | None = None, sca
         crowd = _annotate(world, cfg, spec, truth, policy, rng, gen)
         say(f"training the reward model on {len(crowd)} crowd labels ({cfg.rm.epochs} epochs)")
         t_rm = time.perf_counter()
-        rm, info = train_rm(crowd, cfg.rm)
+        rm, info = train_rm(crowd, cfg.rm, on_log=lambda epoch, m: say(
+            f"  reward model epoch {epoch}/{cfg.rm.epochs}: loss {m['loss']:.4f} ({time.perf_counter() - t0:.0f} s)"))
         timings["rm_s"] = time.perf_counter() - t_rm
         R.save_rm(rm, info["config"], world.reward_model)
         atomic_write_json(world.config, asdict(RLConfig()))
@@ -154,13 +156,13 @@ def build_world(out_dir: str, seed: int = 0, spec: list[dict] | None = None, sca
 
 
 def _reference_policy(world: WorldPaths, cfg: WorldConfig, truth: Truth, confusions: np.ndarray,
-                      rng: np.random.Generator) -> M.Policy:
+                      rng: np.random.Generator, on_epoch=None) -> M.Policy:
     """SFT on noisy demonstrations; saved as the world's policy/."""
     fam, attrs = _prompts(rng, {f: cfg.n_demo for f in V.FAMILIES})
     dist = demonstrator_distribution(truth, confusions, fam, attrs, cfg.demo_noise, cfg.demo_confusion)
     demo = torch.from_numpy(demonstrations(dist, rng)).long() + V.CONTENT_LO
     policy = train_sft(_prompt_ids(fam, attrs), demo, torch.from_numpy(dist), cfg.sft_epochs, cfg.sft_lr,
-                       512, cfg.seed)
+                       512, cfg.seed, on_epoch)
     M.save_policy(policy, M.default_config(), world.policy)
     return policy
 

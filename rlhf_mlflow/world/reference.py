@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -46,12 +47,14 @@ def demonstrations(dist: np.ndarray, rng: np.random.Generator) -> np.ndarray:
 
 
 def train_sft(prompts: torch.Tensor, responses: torch.Tensor, soft_targets: torch.Tensor, epochs: int,
-              lr: float, batch_size: int, seed: int) -> M.Policy:
+              lr: float, batch_size: int, seed: int,
+              on_epoch: Callable[[int, int, float], None] | None = None) -> M.Policy:
     """Supervised fine-tuning on demonstrations (prompts (N, P), responses (N, L) token ids).
 
     The loss is the expected cross-entropy under the demonstrators' distribution soft_targets
     (N, L, C), with the sampled demonstration as the teacher-forced context: the same optimum as
     cross-entropy on sampled tokens, with far less gradient noise, so it converges in a few epochs.
+    `on_epoch(epoch, epochs, loss)` is called after each epoch (progress).
     """
     torch.manual_seed(seed)
     gen = torch.Generator().manual_seed(seed + 1)
@@ -72,4 +75,6 @@ def train_sft(prompts: torch.Tensor, responses: torch.Tensor, soft_targets: torc
             opt.step()
             sched.step()
         log.info("sft epoch %d/%d: expected nll %.3f", epoch + 1, epochs, loss.item())
+        if on_epoch is not None:
+            on_epoch(epoch + 1, epochs, loss.item())
     return policy.eval()

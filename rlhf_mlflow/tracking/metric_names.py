@@ -1,0 +1,36 @@
+"""One prefix per step kind for every metric the pipeline logs, so that a name means one thing across
+the whole store (`train/kl/dune` is the training batch's KL, `dev/kl/dune` the dev prompts',
+`certify/kl/dune` the expert prompts') and the MLflow UI charts each step in a section of its own.
+The README's metric table lists every name; tests/test_story.py holds the store to it."""
+from __future__ import annotations
+
+TRAIN = "train/"
+"""train_rl: the training batch, per logged step (proxy, kl, kl_k3, entropy, reward, shaped, ...)."""
+DEV = "dev/"
+"""dev_eval: the dev prompts, sampled from the policy (proxy, kl, the reward model against the expert set)."""
+CERTIFY = "certify/"
+"""certify: the expert set, reweighted to the policy (certified quality, interval, gain, ess)."""
+TRUTH = "truth/"
+"""grade: the oracle's true quality (benchmarks and the story's last column; never read by a decision)."""
+RELEASE = "release/"
+"""release: one 0/1 per guardrail, and whether the version was promoted."""
+TRIAL = "trial/"
+"""A sweep trial's train_rl run: its dev evaluation and guardrails, copied onto it for the sweep table."""
+DIAGNOSTIC = "diagnostic/"
+LABELS = "labels/"
+"""expert_label: labels written per family."""
+REQUESTS = "requests/"
+"""label_requests: responses asked to be labelled, per family."""
+RM = "rm/"
+"""train_rm: loss per epoch and the fit to crowd and expert labels."""
+BUILD = "build/"
+"""build_world: seconds per phase."""
+MAIN = "main/"
+"""main: the story's outcome (the champion's certified quality, labels bought, candidates refused)."""
+BON = "bon/"
+SWEEP = "sweep/"
+
+
+def prefixed(prefix: str, metrics: dict) -> dict:
+    """The metrics under `prefix` (a name that already has it is left as it is)."""
+    return {(k if k.startswith(prefix) else prefix + k): v for k, v in metrics.items()}

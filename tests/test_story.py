@@ -1,0 +1,202 @@
+"""The story a user reads after a small `main` on the test-scale world: one meaning per metric name
+(every name in the README's table, none logged by two kinds of step), each version's verdict in its
+description, the champion in the main run's description; and the real MLflow UI, in headless
+Chromium, showing them."""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+import urllib.request
+from collections import defaultdict
+
+import mlflow
+import pytest
+from click.testing import CliRunner
+from conftest import copy_store, store_made_once
+
+from rlhf_mlflow.cli import cli
+from rlhf_mlflow.core import vocab as V
+from rlhf_mlflow.decisions.guardrails import NAMES as GUARDRAILS
+from rlhf_mlflow.tracking.server import free_port
+
+README = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md")
+FAMILY_LIKE = set(V.FAMILIES) | {"balanced", "pilot", "total"}
+
+
+@pytest.fixture(scope="module")
+def story_store(tiny_world, tmp_path_factory):
+    """A store holding one small `main` (made once for the module)."""
+    def run_main(root):
+        res = CliRunner().invoke(cli, ["main", "--world", tiny_world, "--steps-scale", "0.01",
+                                       "--out", str(root / "out")])
+        assert res.exit_code == 0, res.output
+        return res.output
+    return store_made_once(tmp_path_factory, "story", run_main)
+
+
+@pytest.fixture
+def story(story_store, tmp_path, tracking_uri) -> str:
+    root, output = story_store
+    copy_store(root, tmp_path)
+    return output
+
+
+def _runs():
+    return mlflow.search_runs(search_all_experiments=True, output_format="list")
+
+
+def _generic(name: str) -> str:
+    """`certify/certified/dune` -> `certify/certified/<family>`; a guardrail's name -> `<guardrail>`."""
+    parts = name.split("/")
+    if parts[-1] in FAMILY_LIKE and parts[-1] != "total":
+        parts[-1] = "<family>"
+    elif len(parts) > 1 and parts[-2] == "guardrail" and parts[-1] in GUARDRAILS:
+        parts[-1] = "<guardrail>"
+    return "/".join(parts)
+
+
+def _readme_metric_names() -> set[str]:
+    text = open(README).read()
+    section = text[text.index("### Metric names"):]
+    section = section[:section.index("\n### ", 1)]
+    return set(re.findall(r"`([a-z_]+/[^`]*)`", section))
+
+
+def _check_metric_names(expected_steps: set[str]) -> None:
+    by_step: dict[str, set[str]] = defaultdict(set)
+    for run in _runs():
+        by_step[run.data.tags["rlhf.step"]] |= {_generic(k) for k in run.data.metrics}
+    assert expected_steps <= set(by_step)
+    documented = _readme_metric_names()
+    for step, names in by_step.items():
+        missing = sorted(n for n in names if n not in documented and not n.startswith("trial/dev/"))
+        assert not missing, f"{step} logs names the README's metric table does not list: {missing}"
+        for other, theirs in by_step.items():
+            assert other == step or not names & theirs, f"{step} and {other} both log {sorted(names & theirs)}"
+
+
+def test_each_step_logs_only_names_in_the_readme_and_no_name_another_step_logs(tiny_world):
+    """The steps one by one on the test-scale world (the whole `main` below is slow)."""
+    def run(*args):
+        res = CliRunner().invoke(cli, [str(a) for a in args])
+        assert res.exit_code == 0, (args, res.output)
+    run("train-rl", "--world", tiny_world, "--steps", 2, "--batch-prompts", 4, "--log-every", 1)
+    run("dev-eval", "--policy", "models:/rlhf-policy/1", "--world", tiny_world)
+    run("certify", "--model-version", 1, "--world", tiny_world)
+    run("release", "--model-version", 1)
+    run("grade", "--model-version", 1, "--world", tiny_world)
+    _check_metric_names({"train_rl", "dev_eval", "certify", "release", "grade"})
+
+
+@pytest.mark.slow
+def test_every_metric_name_main_logs_is_in_the_readme_and_logged_by_one_kind_of_step(story):
+    _check_metric_names({"train_rl", "dev_eval", "certify", "release", "grade", "diagnostic", "main"})
+
+
+@pytest.mark.slow
+def test_each_version_says_its_verdict_and_the_main_run_names_the_champion(story):
+    client = mlflow.MlflowClient()
+    versions = client.search_model_versions("name = 'rlhf-policy'")
+    assert len(versions) == 7
+    for v in versions:
+        decision = v.tags["release.decision"]
+        assert v.description.startswith(f"{decision.upper()} (version {v.version})"), v.description
+        for name in GUARDRAILS:  # every failing guardrail on a line of its own, none that passed
+            failed = v.tags[f"guardrail.{name}"].startswith("fail")
+            assert (f"- **{name}**:" in v.description) == failed, (v.version, name, v.description)
+        train_run = mlflow.get_run(v.run_id)
+        assert train_run.data.tags["rlhf.release_decision"] == decision
+        model_id = mlflow.models.get_model_info(f"models:/rlhf-policy/{v.version}").model_id
+        assert client.get_logged_model(model_id).name == v.tags["recipe"]
+    assert "beats_champion" in client.get_registered_model("rlhf-policy").description
+    (main,) = [r for r in _runs() if r.data.tags["rlhf.step"] == "main"]
+    description = main.data.tags["mlflow.note.content"]
+    try:
+        champion = client.get_model_version_by_alias("rlhf-policy", "champion")
+        assert f"**Champion: version {champion.version} ({champion.tags['recipe']})**" in description
+        assert "main/champion_certified_balanced" in main.data.metrics
+    except mlflow.exceptions.MlflowException:
+        assert "**No champion**" in description
+    assert max(len(line) for line in description.splitlines()) < 140  # reads without scrolling
+    for cert in (r for r in _runs() if r.data.tags["rlhf.step"] == "certify"):
+        assert "certification_table.json" in {a.path for a in client.list_artifacts(cert.info.run_id)}
+        assert len(cert.data.metrics) <= 6 * (len(V.FAMILIES) + 3)  # what is worth charting, not every number
+
+
+@pytest.mark.slow
+def test_runs_lists_refused_certifications_with_their_reason(story):
+    res = CliRunner().invoke(cli, ["runs", "--step", "certify", "--metric", "certified/balanced"])
+    assert res.exit_code == 0, res.output
+    certify_runs = [r for r in _runs() if r.data.tags["rlhf.step"] == "certify"]
+    lines = res.output.strip().splitlines()
+    assert len(lines) == 1 + len(certify_runs)
+    refused = [r for r in certify_runs if "certify/certified/balanced" not in r.data.metrics]
+    assert sum("NOT certifiable" in line for line in lines) == len(refused)
+    assert max(map(len, lines)) <= 120
+
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+def _chromium(args: list[str], timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+                           "--no-first-run", "--disable-background-networking", "--disable-component-update",
+                           "--disable-sync", "--hide-scrollbars", f"--user-data-dir={os.environ['CHROME_PROFILE']}",
+                           "--window-size=1600,1100", "--virtual-time-budget=10000", *args],
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture
+def mlflow_ui(story, tmp_path, tracking_uri, monkeypatch):
+    """`mlflow server` on the story's store, on a free loopback port, until the test ends."""
+    if CHROMIUM is None:
+        pytest.skip("no chromium on PATH (Debian: apt-get install chromium; .ci/run installs it)")
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--backend-store-uri", tracking_uri,
+                             "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
+                            cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=2):
+                break
+        except OSError:
+            if proc.poll() is not None:
+                pytest.fail("mlflow server exited before it answered")
+            time.sleep(0.5)
+    else:
+        proc.kill()
+        pytest.fail("mlflow server did not answer /health within 120 s")
+    monkeypatch.setenv("CHROME_PROFILE", str(tmp_path / "chrome-profile"))
+    yield url
+    proc.terminate()
+    proc.wait(timeout=30)
+
+
+def _page(url: str, shot: str) -> str:
+    """The rendered page's DOM; its screenshot saved at `shot` (two runs: one that does both hangs)."""
+    _chromium([f"--screenshot={shot}", url])
+    return _chromium(["--dump-dom", url]).stdout
+
+
+@pytest.mark.slow
+def test_the_mlflow_ui_shows_champion_verdicts_and_the_story(mlflow_ui, tmp_path):
+    client = mlflow.MlflowClient()
+    registry = _page(f"{mlflow_ui}/#/models/rlhf-policy", str(tmp_path / "registry.png"))
+    assert "rlhf-policy" in registry and "@" in registry and "champion" in registry
+    refused = [v for v in client.search_model_versions("name = 'rlhf-policy'") if v.tags["release.decision"] == "refused"]
+    if refused:  # the registry's version list shows each description's first words
+        version = _page(f"{mlflow_ui}/#/models/rlhf-policy/versions/{refused[0].version}",
+                        str(tmp_path / f"version-{refused[0].version}.png"))
+        assert "REFUSED" in version and "Failed" in version
+    (main,) = [r for r in _runs() if r.data.tags["rlhf.step"] == "main"]
+    page = _page(f"{mlflow_ui}/#/experiments/{main.info.experiment_id}/runs/{main.info.run_id}",
+                 str(tmp_path / "main-run.png"))
+    assert ("Champion: version" in page) or ("No champion" in page)
+    for shot in ("registry.png", "main-run.png"):
+        assert (tmp_path / shot).stat().st_size > 10_000  # a rendered page, not a blank one
