@@ -76,18 +76,20 @@ def fresh_prompts(per_family: int, seed: int, prefix: str = "fresh") -> list[dic
 
 
 @torch.no_grad()
-def expert_set(world: str, size: int, oracle: Oracle, reference: M.Policy) -> list[dict]:
+def expert_set(world: str, size: int, oracle: Oracle, reference: M.Policy, rep: int = 0) -> list[dict]:
     """The world's expert set resized to `size` rows per family (a seeded subset, or extra rows drawn
-    and labelled as the builder does)."""
+    and labelled as the builder does); replicate `rep` > 0 is a whole new set drawn that way."""
     gold = D.read_jsonl(os.path.join(world, "data", "gold_calib.jsonl"), labelled=True)
     by_family = D.group_by_family(gold)
     have = min(len(v) for v in by_family.values())
-    if size <= have:
+    if rep > 0:
+        gold, have = [], 0
+    if 0 < size <= have:
         rng = np.random.default_rng(size)
         return [r for f in V.FAMILIES for r in [by_family[f][i] for i in sorted(rng.permutation(len(by_family[f]))[:size])]]
     noise = json.load(open(os.path.join(world, "manifest.json")))["config"]["gold_noise"]
-    extra = fresh_prompts(size - have, 50_000 + size, prefix="gold-extra")
-    gen = torch.Generator().manual_seed(size)
+    extra = fresh_prompts(size - have, 50_000 + 1000 * rep + size, prefix=f"gold-extra{rep}")
+    gen = torch.Generator().manual_seed(1000 * rep + size)
     prompts = D.prompts_tensor(extra)
     responses = rollout.sample(reference, prompts, 1, 1.0, gen)
     labels = oracle.true_quality(prompts, responses) + noise * torch.randn(len(extra), generator=gen)
@@ -134,11 +136,13 @@ def trained_policies(world: str, work: str, names: list[str], steps_scale: float
     return paths, wrapper, diag
 
 
-def policy_labels(world: str, policy: M.Policy, gold: list[dict], k: int) -> dict[str, list[dict]]:
-    """K expert labels per family on the policy's own samples (label_requests' draw, the world's annotator)."""
+def policy_labels(world: str, policy: M.Policy, gold: list[dict], k: int, seed: int = 0) -> dict[str, list[dict]]:
+    """K expert labels per family on the policy's own samples (label_requests' draw with `seed`, the
+    world's annotator)."""
     if k <= 0:
         return {}
-    return D.group_by_family(label_requests(WorldPaths.at(world), draw_requests(policy, gold, k)))
+    return D.group_by_family(label_requests(WorldPaths.at(world), draw_requests(policy, gold, k, seed=seed,
+                                                                               prefix=f"req{seed}")))
 
 
 def evaluate_world(world: str, a: argparse.Namespace) -> list[dict]:
@@ -154,18 +158,18 @@ def evaluate_world(world: str, a: argparse.Namespace) -> list[dict]:
     for name, path in paths.items():
         policy = M.load_policy(path)[0]
         truth = oracle.grade_policy(policy, deploy, n=8, seed=1)
-        for size in a.gold_sizes:
+        for size, gold_rep in [(size, r) for size in a.gold_sizes for r in range(a.gold_reps)]:
             t = time.perf_counter()
-            gold = expert_set(world, size, oracle, reference)
+            gold = expert_set(world, size, oracle, reference, gold_rep)
             xp = oracle.grade_policy(policy, [{k: r[k] for k in ("id", "family", "attrs")} for r in gold], n=8)
             gen = torch.Generator().manual_seed(cfg.seed)
             evidence = {f: C.family_evidence(policy, reference, rm, wrapper, g, cfg, [], gen)
                         for f, g in D.group_by_family(gold).items()}
             bare = certified(evidence, {}, rm, wrapper, replace(cfg, ess_widening=0.0))  # the interval before #19
-            for k in a.policy_labels:
-                rep = certified(evidence, policy_labels(world, policy, gold, k), rm, wrapper, cfg)
+            for k, label_seed in [(k, s) for k in a.policy_labels for s in range(a.label_seeds if k else 1)]:
+                rep = certified(evidence, policy_labels(world, policy, gold, k, label_seed), rm, wrapper, cfg)
                 for f, r in rep.items():
-                    rows.append({**setting, "gold": size, "K": k, "policy": name, "family": f,
+                    rows.append({**setting, "gold": size, "gold_rep": gold_rep, "K": k, "label_seed": label_seed, "policy": name, "family": f,
                                  "truth": truth[f"truth/{f}"], "truth_xp": xp[f"truth/{f}"],
                                  "certifiable": r["certifiable"], "estimate": r["estimate"], "lo": r["lo"],
                                  "hi": r["hi"], "lo0": bare[f]["lo"], "hi0": bare[f]["hi"],
@@ -240,6 +244,13 @@ def main() -> None:
     ap.add_argument("--policies", default=",".join(POLICIES), help="comma-separated subset of the trained policies")
     ap.add_argument("--gold-sizes", default="100", help="expert rows per family, comma-separated")
     ap.add_argument("--policy-labels", default="0", help="K expert labels per family on the policy's samples")
+    ap.add_argument("--gold-reps", type=int, default=1,
+                    help="expert sets per size: the world's, then sets drawn afresh as the builder draws them (one "
+                         "set's errors are shared by every policy, so coverage needs several)")
+    ap.add_argument("--label-seeds", type=int, default=1,
+                    help="independent label-request draws per K (label_requests' seed 0, 1, ...): every policy of a "
+                         "world is asked about the same prompts with the same sampling stream, so one draw gives few "
+                         "independent coverage cells")
     ap.add_argument("--truth-prompts", type=int, default=400, help="fresh prompts per family for the truth")
     ap.add_argument("--ess-widening", type=float, default=C.CertifyConfig().ess_widening)
     ap.add_argument("--out", help="write every cell as JSON here")
