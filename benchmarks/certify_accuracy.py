@@ -1,80 +1,193 @@
-"""How close is certification to the truth? Over several worlds and several policies per world,
-compare the certified quality (per family and balanced) with the oracle's true quality on the same
-expert prompts, and count refusals.
+"""How close is certification to the truth a user reads it as? Over several worlds, expert-set sizes and
+policies from near to far drift, compare the certified quality (per family and balanced) with the
+policy's true quality, and count refusals; with `--policy-labels`, also certification from K expert
+labels on the policy's own samples per family (issue 17).
 
-    python benchmarks/certify_accuracy.py [--worlds 5] [--seed 300] [--steps-scale 1.0]
+    python benchmarks/certify_accuracy.py [--world D ...] [--gold-sizes 100] [--policy-labels 0,25,50,100]
 
-Per world (bench scale, default corruption spec, a different seed each): the gold-free diagnostic and
-its correction are fitted as the pipeline does, then these policies are trained and certified:
-reference itself, corrected kl 0.1 / 300 and kl 0.05 / 600 steps, uncorrected kl 0.1 / 300 (it
-exploits the shortcuts), and kl 0.02 / 800 (far from the reference: certification should refuse).
-The truth is the oracle's mean true quality of each policy's samples on the expert prompts (32 per
-prompt), i.e. exactly the quantity certification estimates. Prints MAE, 90%-interval coverage and the
-refusal rate, per family and balanced; the last line is `coverage: X.XXX`.
+The estimand is the policy's expected true quality on the family's prompt distribution (deployment
+traffic): the **deployment truth** is the oracle's mean true quality of the policy's samples (8 per
+prompt, temperature 1) on `--truth-prompts` fresh prompts per family drawn as the world builder draws
+prompts (family, then every attribute uniform), never the expert prompts. The old reference, the oracle
+on the expert prompts themselves (8 per prompt), is reported beside it (`cover_xp`).
+
+Worlds: each `--world D` is an already built world (its manifest gives the setting: SFT epochs and
+confusion, i.e. the reference's entropy; crowd noise); without any, `--worlds` bench-scale worlds from
+`--seed` are built once and cached under `--cache`. Expert-set sizes (`--gold-sizes`): 100 is the
+world's own set; fewer is a seeded subset of it; more adds rows drawn as the builder draws them (the
+reference at temperature 1 on fresh prompts, labelled truth + the world's gold noise). Per world the
+gold-free diagnostic and its correction are fitted as the pipeline does; policies are trained once and
+kept under `--work/<world>/<policy>` (an existing one is reused). Certification runs with the reward
+model, the correction and the default CertifyConfig (`--ess-widening` overrides its widening).
+
+Prints, per setting and K: cells, certified, MAE, bias, 90%-interval coverage of the deployment truth
+(and of the expert-prompt truth), mean width. Last line: `labelled_coverage: X` (family level, K = 50,
+the minimum over settings) when `--policy-labels` includes 50, else `deployment_coverage: X` (family
+level, off-policy, the minimum over settings); both are printed when both are measured.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
+from dataclasses import replace
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import numpy as np  # noqa: E402
+import torch  # noqa: E402
 
 from rlhf_mlflow.core import model as M  # noqa: E402
 from rlhf_mlflow.core import records as D  # noqa: E402
+from rlhf_mlflow.core import reward_model as R  # noqa: E402
+from rlhf_mlflow.core import rollout  # noqa: E402
+from rlhf_mlflow.core import vocab as V  # noqa: E402
 from rlhf_mlflow.core.process import configure_threads  # noqa: E402
+from rlhf_mlflow.core.reward_wrapper import load_wrapper  # noqa: E402
+from rlhf_mlflow.core.world_paths import WorldPaths  # noqa: E402
 from rlhf_mlflow.decisions import certify as C  # noqa: E402
 from rlhf_mlflow.decisions.correction import fit_corrections, write_wrapper  # noqa: E402
 from rlhf_mlflow.decisions.diagnostic import run_diagnostic  # noqa: E402
+from rlhf_mlflow.decisions.label_requests import draw_requests  # noqa: E402
 from rlhf_mlflow.training.rl_config import load_rl_config  # noqa: E402
 from rlhf_mlflow.training.train_rl import train_rl  # noqa: E402
+from rlhf_mlflow.world.annotator import label_requests  # noqa: E402
 from rlhf_mlflow.world.build import ensure_world  # noqa: E402
 from rlhf_mlflow.world.oracle import Oracle  # noqa: E402
 
 POLICIES = {
     "corrected-kl0.1-s300": ({"kl_coef": 0.1, "steps": 300}, True),
+    "corrected-kl0.1-s800": ({"kl_coef": 0.1, "steps": 800}, True),
     "corrected-kl0.05-s600": ({"kl_coef": 0.05, "steps": 600}, True),
     "raw-kl0.1-s300": ({"kl_coef": 0.1, "steps": 300}, False),
+    "raw-kl0.1-s800": ({"kl_coef": 0.1, "steps": 800}, False),
     "raw-kl0.02-s800": ({"kl_coef": 0.02, "steps": 800}, False),
 }
+FAR = "raw-kl0.02-s800"
 
 
-def evaluate_world(seed: int, cache: str, work: str, steps_scale: float) -> list[dict]:
-    world, _ = ensure_world(cache, seed, None, "bench", progress=lambda m: print(f"  {m}", flush=True))
+def fresh_prompts(per_family: int, seed: int, prefix: str = "fresh") -> list[dict]:
+    """Prompts as the world builder draws them: per family, every attribute uniform."""
+    rng = np.random.default_rng(seed)
+    return [{"id": f"{prefix}-{f}-{i:04d}", "family": f, "attrs": [int(a) for a in rng.integers(0, V.N_VAL, V.N_ATTR)]}
+            for f in V.FAMILIES for i in range(per_family)]
+
+
+@torch.no_grad()
+def expert_set(world: str, size: int, oracle: Oracle, reference: M.Policy, rep: int = 0) -> list[dict]:
+    """The world's expert set resized to `size` rows per family (a seeded subset, or extra rows drawn
+    and labelled as the builder does); replicate `rep` > 0 is a whole new set drawn that way."""
+    gold = D.read_jsonl(os.path.join(world, "data", "gold_calib.jsonl"), labelled=True)
+    by_family = D.group_by_family(gold)
+    have = min(len(v) for v in by_family.values())
+    if rep > 0:
+        gold, have = [], 0
+    if 0 < size <= have:
+        rng = np.random.default_rng(size)
+        return [r for f in V.FAMILIES for r in [by_family[f][i] for i in sorted(rng.permutation(len(by_family[f]))[:size])]]
+    noise = json.load(open(os.path.join(world, "manifest.json")))["config"]["gold_noise"]
+    extra = fresh_prompts(size - have, 50_000 + 1000 * rep + size, prefix=f"gold-extra{rep}")
+    gen = torch.Generator().manual_seed(1000 * rep + size)
+    prompts = D.prompts_tensor(extra)
+    responses = rollout.sample(reference, prompts, 1, 1.0, gen)
+    labels = oracle.true_quality(prompts, responses) + noise * torch.randn(len(extra), generator=gen)
+    return gold + [dict(r, response=V.decode_response(y), label=round(float(lab), 4))
+                   for r, y, lab in zip(extra, responses.tolist(), labels.tolist())]
+
+
+def setting_of(world: str, reference: M.Policy) -> dict:
+    """The world's knobs that matter here, and its reference's entropy per response token."""
+    m = json.load(open(os.path.join(world, "manifest.json")))
+    c = m["config"]
+    prompts = D.prompts_tensor(fresh_prompts(100, 7)).repeat_interleave(4, 0)
+    with torch.no_grad():
+        ys = rollout.sample(reference, prompts[::4], 4, 1.0, torch.Generator().manual_seed(0))
+        ent = float(M.entropy(reference, prompts, ys).mean())
+    return {"world": m["world_hash"], "seed": m["seed"], "sft_epochs": c["sft_epochs"],
+            "demo_confusion": c["demo_confusion"], "crowd_noise": c["crowd_noise"], "entropy": round(ent, 2)}
+
+
+def trained_policies(world: str, work: str, names: list[str], steps_scale: float, seed: int) -> tuple[dict, str, dict]:
+    """{name: dir} (reference included), the correction wrapper path and the diagnostic, all cached."""
+    os.makedirs(work, exist_ok=True)
     j = lambda *p: os.path.join(world, *p)  # noqa: E731
-    oracle = Oracle(world)
-    gold_path = j("data", "gold_calib.jsonl")
-    gold_prompts = [{k: r[k] for k in ("id", "family", "attrs")} for r in D.read_jsonl(gold_path, labelled=True)]
-    diag = run_diagnostic(j("reward_model"), j("policy"), j("data", "prompts_train.jsonl"))
-    wrapper = os.path.join(work, f"correction-{seed}.py")
-    write_wrapper(fit_corrections(diag, D.read_jsonl(j("reward_model", "train.jsonl"), labelled=True)), wrapper)
+    diag_path, wrapper = os.path.join(work, "diag.json"), os.path.join(work, "correction.py")
+    if not os.path.isfile(diag_path):
+        diag = run_diagnostic(j("reward_model"), j("policy"), j("data", "prompts_train.jsonl"))
+        with open(diag_path, "w") as f:
+            json.dump(diag, f)
+    diag = json.load(open(diag_path))
+    if not os.path.isfile(wrapper):
+        write_wrapper(fit_corrections(diag, D.read_jsonl(j("reward_model", "train.jsonl"), labelled=True)), wrapper)
+    paths = {"reference": j("policy")}
+    for name in names:
+        out = os.path.join(work, name)
+        if not os.path.isfile(os.path.join(out, "config.json")):
+            ov, corrected = POLICIES[name]
+            ov = dict(ov, steps=max(1, int(ov["steps"] * steps_scale)), seed=seed)
+            if corrected:
+                ov["reward_wrapper"] = wrapper
+            t = time.perf_counter()
+            M.save_policy(train_rl(load_rl_config(j("configs", "default.json"), ov)).policy, M.default_config(), out)
+            print(f"  trained {name} in {time.perf_counter() - t:.0f}s", flush=True)
+        paths[name] = out
+    return paths, wrapper, diag
+
+
+def policy_labels(world: str, policy: M.Policy, gold: list[dict], k: int, seed: int = 0) -> dict[str, list[dict]]:
+    """K expert labels per family on the policy's own samples (label_requests' draw with `seed`, the
+    world's annotator)."""
+    if k <= 0:
+        return {}
+    return D.group_by_family(label_requests(WorldPaths.at(world), draw_requests(policy, gold, k, seed=seed,
+                                                                               prefix=f"req{seed}")))
+
+
+def evaluate_world(world: str, a: argparse.Namespace) -> list[dict]:
+    oracle, cfg = Oracle(world), replace(C.CertifyConfig(), ess_widening=a.ess_widening)
+    reference = M.load_policy(os.path.join(world, "policy"))[0]
+    setting = setting_of(world, reference)
+    print(f"world {setting}", flush=True)
+    paths, wrapper_path, _ = trained_policies(world, os.path.join(a.work, setting["world"]), a.policies,
+                                              a.steps_scale, setting["seed"])
+    rm, wrapper = R.load_rm(os.path.join(world, "reward_model"))[0], load_wrapper(wrapper_path)
+    deploy = fresh_prompts(a.truth_prompts, 10_000 + setting["seed"], prefix="deploy")
     rows = []
-    policies = {"reference": j("policy")}
-    for name, (ov, corrected) in POLICIES.items():
-        ov = dict(ov, steps=max(1, int(ov["steps"] * steps_scale)), seed=seed)
-        if corrected:
-            ov["reward_wrapper"] = wrapper
-        cfg = load_rl_config(j("configs", "default.json"), ov)
-        out = os.path.join(work, f"{seed}-{name}")
-        M.save_policy(train_rl(cfg).policy, M.default_config(), out)
-        policies[name] = out
-    for name, path in policies.items():
-        t = time.perf_counter()
-        rep = C.certify(path, j("policy"), gold_path, rm_dir=j("reward_model"), correction=wrapper, diagnostic=diag)
-        secs = time.perf_counter() - t
-        truth = oracle.grade_policy(M.load_policy(path)[0], gold_prompts, n=32)
-        for f, r in list(rep["families"].items()) + [("balanced", rep["balanced"])]:
-            rows.append({"world": seed, "policy": name, "family": f, "truth": truth[f"truth/{f}"],
-                         "certifiable": r["certifiable"], "estimate": r["estimate"], "lo": r["lo"], "hi": r["hi"],
-                         "ess": r.get("ess"), "seconds": secs})
-        b = rep["balanced"]
-        shown = f"{b['estimate']:.3f} [{b['lo']:.3f}, {b['hi']:.3f}]" if b["certifiable"] else f"refused ({b['reason']})"
-        print(f"  world {seed} {name:24s} truth {truth['truth/balanced']:.3f}  certified {shown}  ({secs:.1f}s)",
-              flush=True)
+    for name, path in paths.items():
+        policy = M.load_policy(path)[0]
+        truth = oracle.grade_policy(policy, deploy, n=8, seed=1)
+        for size, gold_rep in [(size, r) for size in a.gold_sizes for r in range(a.gold_reps)]:
+            t = time.perf_counter()
+            gold = expert_set(world, size, oracle, reference, gold_rep)
+            xp = oracle.grade_policy(policy, [{k: r[k] for k in ("id", "family", "attrs")} for r in gold], n=8)
+            gen = torch.Generator().manual_seed(cfg.seed)
+            evidence = {f: C.family_evidence(policy, reference, rm, wrapper, g, cfg, [], gen)
+                        for f, g in D.group_by_family(gold).items()}
+            bare = certified(evidence, {}, rm, wrapper, replace(cfg, ess_widening=0.0))  # the interval before #19
+            for k, label_seed in [(k, s) for k in a.policy_labels for s in range(a.label_seeds if k else 1)]:
+                rep = certified(evidence, policy_labels(world, policy, gold, k, label_seed), rm, wrapper, cfg)
+                for f, r in rep.items():
+                    rows.append({**setting, "gold": size, "gold_rep": gold_rep, "K": k, "label_seed": label_seed, "policy": name, "family": f,
+                                 "truth": truth[f"truth/{f}"], "truth_xp": xp[f"truth/{f}"],
+                                 "certifiable": r["certifiable"], "estimate": r["estimate"], "lo": r["lo"],
+                                 "hi": r["hi"], "lo0": bare[f]["lo"], "hi0": bare[f]["hi"],
+                                 "evidence": r.get("evidence", "expert set")})
+                show(setting["seed"], size, k, name, truth, rep["balanced"], time.perf_counter() - t)
     return rows
+
+
+def certified(evidence: dict, labelled: dict, rm, wrapper, cfg: C.CertifyConfig) -> dict:
+    """{family: row, "balanced": row} as certify reports them, from evidence already drawn."""
+    rows, draws, ref_draws = C.estimate_families(evidence, labelled, rm, wrapper, cfg)
+    return {**rows, "balanced": C.aggregate(rows, draws, ref_draws, {f: 1.0 for f in V.FAMILIES}, cfg)}
+
+
+def show(seed, size, k, name, truth, b, secs) -> None:
+    shown = f"{b['estimate']:.3f} [{b['lo']:.3f}, {b['hi']:.3f}]" if b["certifiable"] else f"refused ({b['reason'][:60]})"
+    print(f"  world {seed} gold {size} K {k:3d} {name:22s} truth {truth['truth/balanced']:.3f}  certified {shown}"
+          f"  ({secs:.0f}s)", flush=True)
 
 
 def summarise(rows: list[dict]) -> dict:
@@ -82,41 +195,82 @@ def summarise(rows: list[dict]) -> dict:
     for level, keep in (("family", lambda r: r["family"] != "balanced"), ("balanced", lambda r: r["family"] == "balanced")):
         sel = [r for r in rows if keep(r)]
         given = [r for r in sel if r["certifiable"]]
+        bare, nan = [r for r in given if r["K"] == 0], float("nan")  # the interval before #19, off-policy only
         err = np.array([r["estimate"] - r["truth"] for r in given])
-        cover = np.array([r["lo"] <= r["truth"] <= r["hi"] for r in given])
+        cover = lambda key: float(np.mean([r["lo"] <= r[key] <= r["hi"] for r in given])) if given else float("nan")  # noqa: E731
         out[level] = {"n": len(sel), "given": len(given), "refusal_rate": 1 - len(given) / max(len(sel), 1),
                       "mae": float(np.abs(err).mean()) if len(err) else float("nan"),
                       "bias": float(err.mean()) if len(err) else float("nan"),
-                      "coverage": float(cover.mean()) if len(cover) else float("nan"),
+                      "coverage": cover("truth"), "cover_xp": cover("truth_xp"),
+                      "cover_bare": float(np.mean([r["lo0"] <= r["truth"] <= r["hi0"] for r in bare])) if bare else nan,
+                      "width_bare": float(np.mean([r["hi0"] - r["lo0"] for r in bare])) if bare else nan,
                       "width": float(np.mean([r["hi"] - r["lo"] for r in given])) if given else float("nan")}
     return out
 
 
+def report(rows: list[dict], ks: list[int]) -> dict:
+    """Prints the tables; returns {K: min over settings of the family-level deployment coverage}."""
+    settings = sorted({(r["world"], r["seed"], r["entropy"], r["crowd_noise"], r["gold"]) for r in rows},
+                      key=lambda s: (s[1], s[4]))
+    worst = {}
+    print(f"\n{'seed':>4s} {'H/tok':>5s} {'crowd':>5s} {'gold':>4s} {'K':>3s} {'level':8s} {'cells':>5s} {'given':>5s} "
+          f"{'MAE':>6s} {'bias':>7s} {'cover':>6s} {'cov_xp':>6s} {'width':>6s} {'bare':>6s} {'w_bare':>6s}")
+    for k in ks:
+        for w, seed, ent, crowd, gold in settings:
+            sel = [r for r in rows if r["world"] == w and r["gold"] == gold and r["K"] == k]
+            s = summarise(sel)
+            worst[k] = min(worst.get(k, 1.0), s["family"]["coverage"])
+            for level, v in s.items():
+                print(f"{seed:4d} {ent:5.2f} {crowd:5.2f} {gold:4d} {k:3d} {level:8s} {v['n']:5d} {v['given']:5d} "
+                      f"{v['mae']:6.3f} {v['bias']:+7.3f} {v['coverage']:6.3f} {v['cover_xp']:6.3f} {v['width']:6.3f} "
+                      f"{v['cover_bare']:6.3f} {v['width_bare']:6.3f}")
+        s = summarise([r for r in rows if r["K"] == k])
+        far = [r for r in rows if r["K"] == k and r["policy"] == FAR and r["family"] == "balanced"]
+        print(f"all settings, K {k}: family coverage {s['family']['coverage']:.3f} ({s['family']['given']}/"
+              f"{s['family']['n']} certified, MAE {s['family']['mae']:.3f}, width {s['family']['width']:.3f}); "
+              f"balanced {s['balanced']['coverage']:.3f} ({s['balanced']['given']}/{s['balanced']['n']}); "
+              f"far policy certified in {sum(r['certifiable'] for r in far)}/{len(far)} settings")
+    return worst
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--worlds", type=int, default=5)
-    ap.add_argument("--seed", type=int, default=300, help="first world seed")
+    ap.add_argument("--world", action="append", default=[], help="an already built world (repeatable)")
+    ap.add_argument("--worlds", type=int, default=5, help="without --world: how many bench worlds to build")
+    ap.add_argument("--seed", type=int, default=300, help="without --world: the first world seed")
     ap.add_argument("--cache", default="worlds/bench")
     ap.add_argument("--work", default="outputs/certify_accuracy")
     ap.add_argument("--steps-scale", type=float, default=1.0)
+    ap.add_argument("--policies", default=",".join(POLICIES), help="comma-separated subset of the trained policies")
+    ap.add_argument("--gold-sizes", default="100", help="expert rows per family, comma-separated")
+    ap.add_argument("--policy-labels", default="0", help="K expert labels per family on the policy's samples")
+    ap.add_argument("--gold-reps", type=int, default=1,
+                    help="expert sets per size: the world's, then sets drawn afresh as the builder draws them (one "
+                         "set's errors are shared by every policy, so coverage needs several)")
+    ap.add_argument("--label-seeds", type=int, default=1,
+                    help="independent label-request draws per K (label_requests' seed 0, 1, ...): every policy of a "
+                         "world is asked about the same prompts with the same sampling stream, so one draw gives few "
+                         "independent coverage cells")
+    ap.add_argument("--truth-prompts", type=int, default=400, help="fresh prompts per family for the truth")
+    ap.add_argument("--ess-widening", type=float, default=C.CertifyConfig().ess_widening)
+    ap.add_argument("--out", help="write every cell as JSON here")
     a = ap.parse_args()
+    a.policies = [p for p in a.policies.split(",") if p]
+    a.gold_sizes = [int(x) for x in a.gold_sizes.split(",")]
+    a.policy_labels = sorted({0} | {int(x) for x in a.policy_labels.split(",")})
     configure_threads()
-    os.makedirs(a.work, exist_ok=True)
     t0 = time.perf_counter()
-    rows = []
-    for seed in range(a.seed, a.seed + a.worlds):
-        print(f"world seed {seed}", flush=True)
-        rows += evaluate_world(seed, a.cache, a.work, a.steps_scale)
-    s = summarise(rows)
-    print(f"\n{'level':9s} {'cells':>6s} {'given':>6s} {'refused':>8s} {'MAE':>7s} {'bias':>7s} {'coverage':>9s} {'width':>7s}")
-    for level, v in s.items():
-        print(f"{level:9s} {v['n']:6d} {v['given']:6d} {v['refusal_rate']:8.2f} {v['mae']:7.3f} {v['bias']:+7.3f} "
-              f"{v['coverage']:9.3f} {v['width']:7.3f}")
-    far = [r for r in rows if r["policy"] == "raw-kl0.02-s800" and r["family"] == "balanced"]
-    print(f"far policy (kl 0.02 / 800) refused in {sum(not r['certifiable'] for r in far)}/{len(far)} worlds")
+    worlds = a.world or [ensure_world(a.cache, s, None, "bench", progress=print)[0]
+                         for s in range(a.seed, a.seed + a.worlds)]
+    rows = [r for w in worlds for r in evaluate_world(w, a)]
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump(rows, f)
+    worst = report(rows, a.policy_labels)
     print(f"total {time.perf_counter() - t0:.0f}s")
-    given = [r for r in rows if r["certifiable"]]
-    print(f"coverage: {np.mean([r['lo'] <= r['truth'] <= r['hi'] for r in given]):.3f}")
+    print(f"deployment_coverage: {worst[0]:.3f}")
+    if 50 in worst:
+        print(f"labelled_coverage: {worst[50]:.3f}")
 
 
 if __name__ == "__main__":

@@ -66,3 +66,52 @@ def test_population_ess_is_n_over_the_policys_mean_weight():
     assert O.population_ess(lw, n) == pytest.approx(n / 2)
     assert O.population_ess(lw + 300.0, n) == pytest.approx(n / 2 * np.exp(-300.0), rel=1e-9)
     assert O.population_ess(lw + 800.0, n) == 0.0                         # no overflow, no NaN
+
+
+def test_small_sample_widening_by_hand():
+    assert O.small_sample_widening(25.0) == pytest.approx(np.sqrt(1.4))
+    assert O.small_sample_widening(25.0, k=0.0) == 1.0
+    assert O.small_sample_widening(1e9) == pytest.approx(1.0)
+    assert O.small_sample_widening(0.2) == pytest.approx(np.sqrt(11.0))  # ESS below 1 counts as 1
+
+
+def _evidence(rng, n=80, spread=1.2):
+    """One family's certify evidence drawn from a synthetic world: the reference samples a feature x,
+    the policy tilts towards it (log-ratio spread * x, normalised), quality and reward model both
+    rise with x. Returns the evidence and the policy's true mean quality."""
+    x = rng.standard_normal(n)
+    log_norm = spread ** 2 / 2                                    # log E_ref[exp(spread * x)]
+    lw = spread * x - log_norm
+    quality = lambda v: 0.3 + 0.05 * v  # noqa: E731
+    y = quality(x) + 0.1 * rng.standard_normal(n)
+    xs = rng.standard_normal((n, 8)) + spread                     # the policy's own samples: x ~ N(spread, 1)
+    own_lw = spread * xs - log_norm
+    scores = x + rng.standard_normal(n)
+    own_scores = xs + rng.standard_normal((n, 8))
+    ev = {"log_ratios": lw, "labels": y, "kl": float(own_lw.mean()), "shortcuts": [],
+          "pop_ess": O.population_ess(own_lw.ravel(), n), "scores": scores, "policy_scores": own_scores.mean(1)}
+    return ev, quality(spread)
+
+
+def test_the_widened_interval_keeps_the_estimate_and_covers_better_at_low_ess():
+    from rlhf_mlflow.decisions.certify import CertifyConfig, estimate_family
+    widened, bare = CertifyConfig(n_boot=500), CertifyConfig(n_boot=500, ess_widening=0.0)
+    rng = np.random.default_rng(0)
+    hits = {"widened": 0, "bare": 0}
+    given = 0
+    for rep in range(200):
+        ev, truth = _evidence(rng)
+        row, _, _ = estimate_family(ev, widened, np.random.default_rng(rep))
+        row0, _, _ = estimate_family(ev, bare, np.random.default_rng(rep))
+        if not row["certifiable"]:
+            continue
+        given += 1
+        c = O.small_sample_widening(min(row["ess"], row["pop_ess"]))
+        assert row["widening"] == pytest.approx(c) and c > 1.0
+        assert row["estimate"] == row0["estimate"]
+        assert row["hi"] - row["estimate"] == pytest.approx(c * (row0["hi"] - row0["estimate"]))
+        assert row["estimate"] - row["lo"] == pytest.approx(c * (row0["estimate"] - row0["lo"]))
+        hits["widened"] += row["lo"] <= truth <= row["hi"]
+        hits["bare"] += row0["lo"] <= truth <= row0["hi"]
+    assert given >= 100
+    assert hits["widened"] / given >= 0.88 and hits["widened"] > hits["bare"]

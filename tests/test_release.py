@@ -91,3 +91,11 @@ def test_release_moves_the_champion_only_on_all_pass(tiny_world, tmp_path):
     assert res.exit_code == 1 and f"refused for {REGISTERED_MODEL} version {uncertified}: the certify run was for version" in res.output
     assert _champion().version == good
     _assert_champion_all_pass()
+
+
+def test_a_report_certified_before_the_widening_is_recomputed_without_it():
+    from rlhf_mlflow.steps.release import _certify_config
+    old = {"config": {"min_ess": 12.0, "seed": 3}}                      # written before ess_widening existed
+    assert _certify_config(old).ess_widening == 0.0 and _certify_config(old).min_ess == 12.0
+    assert _certify_config({"config": {"ess_widening": 10.0}}).ess_widening == 10.0
+    assert _certify_config({}).ess_widening == 0.0

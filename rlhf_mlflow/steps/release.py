@@ -103,7 +103,7 @@ def recompute_certification(report: dict, version, run_id: str) -> str:
     policy_dir, _ = REG.download_policy(version.version)
     fresh = C.certify(policy_dir, inputs["reference"], inputs["gold"], rm_dir=inputs.get("rm_dir"),
                       correction=inputs.get("correction"), pilot_prompts=inputs.get("pilot_prompts"),
-                      cfg=C.CertifyConfig(**report.get("config", {})), shortcuts=report.get("shortcut_rules") or [],
+                      cfg=_certify_config(report), shortcuts=report.get("shortcut_rules") or [],
                       policy_labels=inputs.get("policy_labels"))
     claimed, got = _comparable(report), _comparable(fresh)
     for key in sorted(claimed.keys() | got.keys()):
@@ -126,3 +126,9 @@ def _comparable(report: dict) -> dict:
             for key in ("policy_count", "reference_count"):
                 out[f"{group} {SR.describe(s)} {key}"] = float(s[key])
     return out
+
+
+def _certify_config(report: dict) -> C.CertifyConfig:
+    """The config a report was certified with; one written before the interval widening (issue 19)
+    has no `ess_widening` and was certified without it."""
+    return C.CertifyConfig(**{"ess_widening": 0.0, **report.get("config", {})})
