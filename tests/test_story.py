@@ -31,8 +31,11 @@ FAMILY_LIKE = set(V.FAMILIES) | {"balanced", "pilot", "total"}
 def story_store(tiny_world, tmp_path_factory):
     """A store holding one small `main` (made once for the module)."""
     def run_main(root):
-        res = CliRunner().invoke(cli, ["main", "--world", tiny_world, "--steps-scale", "0.01",
-                                       "--out", str(root / "out")])
+        # the test-scale world is too small for RL to gain 0.03 anywhere: a gain of any size is let
+        # through, so that the story has a champion and refused versions
+        res = CliRunner().invoke(cli, ["main", "--world", tiny_world, "--steps-scale", "0.1", "--out", str(root / "out"),
+                                       "--guardrail", "min_balanced_gain=-1", "--guardrail",
+                                       "require_significant_gain=false"])
         assert res.exit_code == 0, res.output
         return res.output
     return store_made_once(tmp_path_factory, "story", run_main)
@@ -115,12 +118,9 @@ def test_each_version_says_its_verdict_and_the_main_run_names_the_champion(story
     assert "beats_champion" in client.get_registered_model("rlhf-policy").description
     (main,) = [r for r in _runs() if r.data.tags["rlhf.step"] == "main"]
     description = main.data.tags["mlflow.note.content"]
-    try:
-        champion = client.get_model_version_by_alias("rlhf-policy", "champion")
-        assert f"**Champion: version {champion.version} ({champion.tags['recipe']})**" in description
-        assert "main/champion_certified_balanced" in main.data.metrics
-    except mlflow.exceptions.MlflowException:
-        assert "**No champion**" in description
+    champion = client.get_model_version_by_alias("rlhf-policy", "champion")
+    assert f"**Champion: version {champion.version} ({champion.tags['recipe']})**" in description
+    assert "main/champion_certified_balanced" in main.data.metrics
     assert max(len(line) for line in description.splitlines()) < 140  # reads without scrolling
     for cert in (r for r in _runs() if r.data.tags["rlhf.step"] == "certify"):
         assert "certification_table.json" in {a.path for a in client.list_artifacts(cert.info.run_id)}
@@ -187,16 +187,19 @@ def _page(url: str, shot: str) -> str:
 @pytest.mark.slow
 def test_the_mlflow_ui_shows_champion_verdicts_and_the_story(mlflow_ui, tmp_path):
     client = mlflow.MlflowClient()
+    champion = client.get_model_version_by_alias("rlhf-policy", "champion")
+    versions = client.search_model_versions("name = 'rlhf-policy'")
+    refused = [v for v in versions if v.tags["release.decision"] == "refused"]
+    assert refused, "the story needs refused versions"
     registry = _page(f"{mlflow_ui}/#/models/rlhf-policy", str(tmp_path / "registry.png"))
-    assert "rlhf-policy" in registry and "@" in registry and "champion" in registry
-    refused = [v for v in client.search_model_versions("name = 'rlhf-policy'") if v.tags["release.decision"] == "refused"]
-    if refused:  # the registry's version list shows each description's first words
-        version = _page(f"{mlflow_ui}/#/models/rlhf-policy/versions/{refused[0].version}",
-                        str(tmp_path / f"version-{refused[0].version}.png"))
-        assert "REFUSED" in version and "Failed" in version
+    assert "@champion" in registry  # the alias on the registry page
+    assert registry.count("REFUSED (version") == len(refused)  # each verdict in the versions' Description column
+    page = _page(f"{mlflow_ui}/#/models/rlhf-policy/versions/{refused[0].version}",
+                 str(tmp_path / f"version-{refused[0].version}.png"))
+    assert "Failed:" in page and any(f"{g}:" in page for g in GUARDRAILS)  # the description, rendered
     (main,) = [r for r in _runs() if r.data.tags["rlhf.step"] == "main"]
     page = _page(f"{mlflow_ui}/#/experiments/{main.info.experiment_id}/runs/{main.info.run_id}",
                  str(tmp_path / "main-run.png"))
-    assert ("Champion: version" in page) or ("No champion" in page)
+    assert f"Champion: version {champion.version}" in page
     for shot in ("registry.png", "main-run.png"):
         assert (tmp_path / shot).stat().st_size > 10_000  # a rendered page, not a blank one

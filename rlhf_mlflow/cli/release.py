@@ -93,7 +93,9 @@ def grade_cmd(model_version, world, n):
               help="Directory for the diagnostic evidence, the correction and the ceiling checkpoint.")
 @click.option("--label-budget", type=click.IntRange(0), default=600, show_default=True,
               help="Expert labels main may buy on candidates' own responses (0: certify from the expert set only).")
-def main_cmd(world, steps_scale, out, label_budget):
+@click.option("--guardrails", default=None, help="Comma-separated key=value guardrail thresholds for every release.")
+@click.option("--guardrail", "guardrail", multiple=True, help="One key=value guardrail threshold, repeatable.")
+def main_cmd(world, steps_scale, out, label_budget, guardrails, guardrail):
     """The whole story: history, diagnostic, correction, candidates, certify, release, grade, summary."""
     from rlhf_mlflow.steps.main import run_main
     from rlhf_mlflow.steps.reports import story_markdown
@@ -102,12 +104,12 @@ def main_cmd(world, steps_scale, out, label_budget):
     paths = resolve_world(world)
     if steps_scale <= 0:
         raise InputError(f"--steps-scale must be > 0, got {steps_scale}")
-    table = run_main(paths, os.path.abspath(out), steps_scale, echo=echo_err, label_budget=label_budget)
+    overrides = guardrail_overrides(guardrails, guardrail)
+    from rlhf_mlflow.decisions.guardrails import GuardrailConfig
+    GuardrailConfig.from_dict(overrides)  # a bad threshold is refused before any run
+    table = run_main(paths, os.path.abspath(out), steps_scale, echo=echo_err, label_budget=label_budget,
+                     guardrails=overrides)
     click.echo(story_markdown(table))
-    c = table.attrs.get("ceiling")
-    if c:
-        click.echo(f"champion truth {c['champion_truth_balanced']:.3f} = {c['fraction']:.0%} of the "
-                   f"{c['recipe']} recipe on the true reward ({c['ceiling_truth_balanced']:.3f})")
     click.echo(f"main finished in {time.perf_counter() - t0:.0f} s")
 
 

@@ -54,12 +54,15 @@ def candidate_jobs(wrapper: str | None, steps_scale: float) -> list[TrainJob]:
 
 
 def run_main(world: WorldPaths, out_dir: str, steps_scale: float = 1.0, ceiling: bool = True,
-             echo: Callable[[str], None] = print, label_budget: int = DEFAULT_LABEL_BUDGET) -> pd.DataFrame:
+             echo: Callable[[str], None] = print, label_budget: int = DEFAULT_LABEL_BUDGET,
+             guardrails: dict | None = None) -> pd.DataFrame:
     """The whole story; returns the summary table (its `attrs["ceiling"]` holds the ceiling, if run).
-    `label_budget`: expert labels main may buy on candidates' own responses (main_labels.py)."""
+    `label_budget`: expert labels main may buy on candidates' own responses (main_labels.py);
+    `guardrails`: threshold overrides for every release (GuardrailConfig keys)."""
     os.makedirs(check_writable(out_dir, "--out", directory=True), exist_ok=True)
     t0 = time.perf_counter()
-    params = {"world": world.root, "steps_scale": steps_scale, "label_budget": label_budget}
+    params = {"world": world.root, "steps_scale": steps_scale, "label_budget": label_budget,
+              **{f"guardrail.{k}": v for k, v in (guardrails or {}).items()}}
     with T.tracked_run("main", params, run_name="main") as parent:
         diag_path, wrapper = _diagnose_and_correct(world, out_dir, echo)
         budget = LabelBudget(label_budget)
@@ -75,7 +78,7 @@ def run_main(world: WorldPaths, out_dir: str, steps_scale: float = 1.0, ceiling:
         candidates = train_all(candidate_jobs(wrapper, steps_scale), world, parent.info.run_id, echo,
                                on_done=evaluate)
         for s in candidates.values():  # in recipe order: each release compares with the champion so far
-            run_release(s["model_version"], echo=echo)
+            run_release(s["model_version"], guardrails=guardrails, echo=echo)
         for s in candidates.values():
             run_grade(s["model_version"], world, echo=lambda m: None)
         table = summary_table(parent.info.run_id)
