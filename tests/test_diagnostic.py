@@ -36,7 +36,7 @@ def test_portable_cli_writes_the_contract(planted_world, tmp_path):
         assert 0.0 <= v["risk"] <= 1.0 and isinstance(v["flag"], bool)
     assert fams["birch"]["flag"]
     top = fams["birch"]["evidence"][0]
-    assert top["kind"] == "token" and top["token"] == "ka" and top["effect"] > 0.5
+    assert top["kind"] == "token" and top["token"] == "ka" and top["premium"] > 0.5
     assert top["qa_corroborated"] and top["qa_slope"] == pytest.approx(2.0, rel=0.25)
     assert fams["birch"]["risk"] > max(v["risk"] for f, v in fams.items() if f != "birch")
     assert not any(v["flag"] for f, v in fams.items() if f != "birch")
