@@ -1,7 +1,7 @@
 """The diagnostic and its correction on many generated worlds, by how much the reward model learned.
 
     python benchmarks/diagnostic_auc.py [--worlds 20] [--scale bench] [--seed 100] [--cache DIR]
-                                        [--kinds token,pair,conditional] [--no-gold]
+                                        [--kinds token,pair,conditional] [--no-gold] [--cached-only]
 
 Each world gets a random corruption spec drawn without looking at the world's reward model: token,
 adjacent-pair and attribute-conditional rules of either sign, most of them weak (|bonus| 0.1-0.4 in
@@ -17,7 +17,8 @@ interaction (a fraction-correct label has none). Families are banded by the larg
 for any of their rules; AUC is against the families with no rule at all, which also give the
 false-positive rate. The correction's error is (correction's bonus - paid) / |paid| over the rules
 paid >= 0.1 that were flagged and named (a rule flagged but left out of the correction counts -100%).
-`--cache` keeps built worlds between runs (keyed by their content hash).
+`--cache` keeps built worlds between runs (keyed by their content hash); `--cached-only` runs only
+the worlds found there.
 Last lines: `auc_weak: X` (families paid 0.1-0.3), `correction_rel_err: Y` (median |error|).
 """
 from __future__ import annotations
@@ -146,8 +147,13 @@ def auc(pos: list[float], neg: list[float]) -> float:
     return wins / (len(pos) * len(neg))
 
 
+def cached(cache: str, seed: int, spec: list[dict], scale: str) -> str:
+    """Where the world is (or would be) kept in the cache."""
+    return os.path.join(cache, world_hash(replace(SCALES[scale], seed=seed), spec))
+
+
 def world(cache: str, seed: int, spec: list[dict], scale: str) -> str:
-    path = os.path.join(cache, world_hash(replace(SCALES[scale], seed=seed), spec))
+    path = cached(cache, seed, spec, scale)
     if not os.path.isfile(os.path.join(path, "manifest.json")):
         build_world(path, seed=seed, spec=spec, scale=scale)
     return path
@@ -245,6 +251,8 @@ def main() -> None:
                     help="Comma-separated rule kinds to draw from (e.g. `pair` to stress pairs).")
     ap.add_argument("--no-gold", action="store_true", help="Run the diagnostic without the expert set.")
     ap.add_argument("--build-only", action="store_true", help="Build (or find) the worlds, run nothing.")
+    ap.add_argument("--cached-only", action="store_true",
+                    help="Build nothing: run only the worlds already in --cache (say which were skipped).")
     a = ap.parse_args()
     kinds = tuple(k.strip() for k in a.kinds.split(","))
     if not kinds or set(kinds) - set(KINDS):
@@ -255,6 +263,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for w in range(a.worlds):
             spec = random_spec(rng, frequent_pairs(a.seed + w, a.scale), kinds)
+            if a.cached_only and not os.path.isfile(os.path.join(cached(a.cache or tmp, a.seed + w, spec, a.scale),
+                                                                 "manifest.json")):
+                print(f"world {w}: not in the cache, skipped", flush=True)
+                continue
             path = world(a.cache or tmp, a.seed + w, spec, a.scale)
             if a.build_only:
                 print(f"world {w}: {path} {[_describe(r) for r in spec]}", flush=True)
