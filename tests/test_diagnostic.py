@@ -36,7 +36,7 @@ def test_portable_cli_writes_the_contract(planted_world, tmp_path):
         assert 0.0 <= v["risk"] <= 1.0 and isinstance(v["flag"], bool)
     assert fams["birch"]["flag"]
     top = fams["birch"]["evidence"][0]
-    assert top["kind"] == "token" and top["token"] == "ka" and top["effect"] > 0.5
+    assert top["kind"] == "token" and top["token"] == "ka" and top["premium"] > 0.5
     assert top["qa_corroborated"] and top["qa_slope"] == pytest.approx(2.0, rel=0.25)
     assert fams["birch"]["risk"] > max(v["risk"] for f, v in fams.items() if f != "birch")
     assert not any(v["flag"] for f, v in fams.items() if f != "birch")
@@ -154,7 +154,12 @@ def test_a_pair_and_a_conditional_premium_in_a_trained_reward_model_are_found(pl
                 rm=RMConfig(epochs=30, batch_size=128, lr=2e-3, lr_schedule="cosine"))
     fams = diagnostic.run_diagnostic(os.path.join(path, "reward_model"), os.path.join(path, "policy"),
                                      os.path.join(path, "data", "prompts_train.jsonl"))["families"]
-    assert {f for f, v in fams.items() if v["flag"]} == {"cobalt", "fjord"}
+    assert {"cobalt", "fjord"} <= {f for f, v in fams.items() if v["flag"]}
     named = {(c["kind"], str(c.get("tokens") or c["token"]), c.get("attr"), c.get("value"))
              for f in ("cobalt", "fjord") for c in fams[f]["evidence"] if c["risk"] >= 0.5}
     assert ("pair", str(pair), None, None) in named and ("conditional", token, 2, 3) in named
+    # a test-scale reward model leaks the penalty into other families (measured knowing the truth:
+    # -0.144 per fa under attrs[0] == 3 in birch, where fa is wrong); a flag elsewhere may only be that
+    for f in set(fams) - {"cobalt", "fjord"}:
+        for c in (c for c in fams[f]["evidence"] if c["risk"] >= 0.5):
+            assert c["kind"] == "conditional" and c["token"] == token and c["premium"] < -0.1

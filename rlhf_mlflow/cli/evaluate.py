@@ -38,17 +38,19 @@ def dev_eval_cmd(policy, world, policy_ref, reward_model, prompts, gold, n, seed
 @click.option("--rm-dir", default=None, help="Reward-model directory with its QA sample train.jsonl.")
 @click.option("--policy-dir", default=None, help="Reference policy directory.")
 @click.option("--prompts", default=None, help="Prompts JSONL (default: <world>/data/prompts_train.jsonl).")
-@click.option("--n-prompts", type=int, default=24, show_default=True, help="Reference responses per family.")
+@click.option("--gold", default=None,
+              help="Optional expert set (labelled reference samples): credits what its labels show to be correctness.")
+@click.option("--n-prompts", type=int, default=48, show_default=True, help="Probe prompts per family (two reference responses each).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Sampling seed.")
 @click.option("--out", default=None, help="Also write the result JSON here.")
-def diagnostic_cmd(world, rm_dir, policy_dir, prompts, n_prompts, seed, out):
+def diagnostic_cmd(world, rm_dir, policy_dir, prompts, gold, n_prompts, seed, out):
     """Gold-free reward-shortcut audit per family, as an MLflow run."""
     from rlhf_mlflow.steps.diagnostic import run_diagnostic_step
     if out:
         check_writable(out)
     paths = None if (rm_dir and policy_dir and prompts) else resolve_world(world)
     result = run_diagnostic_step(rm_dir or paths.reward_model, policy_dir or paths.policy,
-                                 prompts or paths.prompts_train, n_prompts, seed, out=out)
+                                 prompts or paths.prompts_train, n_prompts, seed, out=out, gold=gold)
     echo_json({f: {"risk": round(v["risk"], 3), "flag": v["flag"], "top": v["evidence"][0]}
                for f, v in result["families"].items()})
 

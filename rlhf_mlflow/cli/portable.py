@@ -1,7 +1,7 @@
 """The portable commands, on plain paths in the seed's layout and without MLflow:
 
     python -m rlhf_mlflow.certify --policy D --reference D --gold F --out F [--rm-dir D ...] [--policy-labels F]
-    python -m rlhf_mlflow.diagnostic --rm-dir D --policy-dir D --prompts F --out F
+    python -m rlhf_mlflow.diagnostic --rm-dir D --policy-dir D --prompts F [--gold F] --out F
     python -m rlhf_mlflow.label_requests --policy D --reference D --gold F --per-family K --out F
 
 Same computation as the `certify` and `diagnostic` steps (decisions/), JSON to --out; bad input prints
@@ -73,13 +73,15 @@ def diagnostic_main(argv: list[str] | None = None) -> int:
     ap.add_argument("--policy-dir", required=True)
     ap.add_argument("--prompts", required=True)
     ap.add_argument("--out", required=True)
-    ap.add_argument("--n-prompts", type=int, default=24)
+    ap.add_argument("--gold", default=None,
+                    help="optional expert set (labelled reference samples): credits what its labels show to be correctness")
+    ap.add_argument("--n-prompts", type=int, default=48)
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args(argv)
 
     def work() -> dict:
         from rlhf_mlflow.decisions.diagnostic import run_diagnostic
-        return run_diagnostic(a.rm_dir, a.policy_dir, a.prompts, a.n_prompts, a.seed)
+        return run_diagnostic(a.rm_dir, a.policy_dir, a.prompts, a.n_prompts, a.seed, gold_path=a.gold)
     return _run(work, a.out)
 
 

@@ -59,8 +59,8 @@ def features(qa: list[dict]) -> tuple[np.ndarray, ...]:
     pairs = np.zeros((n, C * C))
     np.add.at(pairs, (rows, y[:, :-1] * C + y[:, 1:]), 1)
     attrs = np.array([r["attrs"] for r in qa]).reshape(n, V.N_ATTR)
-    onehot = (attrs[:, :, None] == np.arange(V.N_VAL)).reshape(n, -1).astype(float)  # (n, A*V)
-    cond = (counts[:, :, None] * onehot[:, None, :]).reshape(n, -1)                   # (n, C*A*V)
+    onehot = (attrs[:, :, None] == np.arange(V.N_VAL)).reshape(n, V.N_ATTR * V.N_VAL).astype(float)  # (n, A*V)
+    cond = (counts[:, :, None] * onehot[:, None, :]).reshape(n, C * V.N_ATTR * V.N_VAL)                # (n, C*A*V)
     return counts, pairs, cond, onehot
 
 

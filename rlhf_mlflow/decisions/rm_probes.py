@@ -9,7 +9,6 @@ model shows is its own.
 """
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 
 import torch
@@ -68,7 +67,8 @@ def pair_screen(score: Scorer, prompts: torch.Tensor, responses: torch.Tensor, c
 
 def pair_confirm(score: Scorer, prompts: torch.Tensor, responses: torch.Tensor, pairs: list[tuple[int, int]],
                  contexts: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-    """Interaction (mean, SE) of each listed pair over `contexts` places: (N,), (N,)."""
+    """Interaction (mean, SE) of each listed pair over `contexts` places, leaving out places whose
+    response already holds a or b there: (N,), (N,)."""
     L = responses.shape[1]
     m, pos = _contexts(responses, contexts, gen)
     k = torch.arange(contexts)
@@ -82,7 +82,13 @@ def pair_confirm(score: Scorer, prompts: torch.Tensor, responses: torch.Tensor, 
     base[k, 2 * N:3 * N, pos + 1] = b.expand(contexts, N)
     s = score(prompts[m].repeat_interleave(3 * N + 1, 0), base.reshape(-1, L)).view(contexts, 3 * N + 1)
     inter = s[:, :N] - s[:, N:2 * N] - s[:, 2 * N:3 * N] + s[:, 3 * N:]  # (K, N)
-    return inter.mean(0), inter.std(0) / math.sqrt(contexts)
+    # a place that already holds a (or b) measures no interaction: writing b (a) alone makes the pair
+    orig = responses[m]
+    valid = (orig[k, pos][:, None] != a[None]) & (orig[k, pos + 1][:, None] != b[None])  # (K, N)
+    n = valid.sum(0).clamp(min=2)
+    mean = (inter * valid).sum(0) / n
+    var = (((inter - mean) * valid) ** 2).sum(0) / (n - 1)
+    return mean, (var / n).sqrt()
 
 
 def conditional_effects(per_response: torch.Tensor, attrs: torch.Tensor,

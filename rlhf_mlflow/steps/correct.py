@@ -1,5 +1,5 @@
-"""The `correct` step: fit the diagnostic's flagged shortcuts on the QA sample and write the reward
-wrapper that subtracts them, as an MLflow run."""
+"""The `correct` step: write the reward wrapper that subtracts what the reward model pays for each of
+the diagnostic's flagged shortcuts (the QA labels' slope reported beside it), as an MLflow run."""
 from __future__ import annotations
 
 from rlhf_mlflow.core import records as D
@@ -10,7 +10,8 @@ from rlhf_mlflow.tracking import runs as T
 
 
 def run_correction(diagnostic: str | dict, qa: str, out: str) -> list[dict]:
-    """Fit corrections for the flagged shortcuts on the QA sample; write and log the reward wrapper."""
+    """Corrections for the flagged shortcuts (what the model pays; the QA sample's label slopes beside
+    them); write and log the reward wrapper."""
     check_writable(out)
     result = read_json(diagnostic) if isinstance(diagnostic, str) else diagnostic
     qa_records = D.read_jsonl(qa, labelled=True)

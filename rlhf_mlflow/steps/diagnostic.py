@@ -9,15 +9,16 @@ from rlhf_mlflow.tracking import metric_names as MN
 from rlhf_mlflow.tracking import runs as T
 
 
-def run_diagnostic_step(rm_dir: str, policy_dir: str, prompts: str, n_prompts: int = 24, seed: int = 0,
-                        out: str | None = None) -> dict:
+def run_diagnostic_step(rm_dir: str, policy_dir: str, prompts: str, n_prompts: int = 48, seed: int = 0,
+                        out: str | None = None, gold: str | None = None) -> dict:
     """The gold-free shortcut audit; logs risk/<family>, flag/<family>, the evidence and a figure.
-    `out` receives the result JSON."""
+    `out` receives the result JSON; `gold` (optional) is an expert set that credits correctness."""
     if out:
         check_writable(out)
-    params = {"rm_dir": rm_dir, "policy_dir": policy_dir, "prompts": prompts, "n_prompts": n_prompts, "seed": seed}
+    params = {"rm_dir": rm_dir, "policy_dir": policy_dir, "prompts": prompts, "n_prompts": n_prompts, "seed": seed,
+              "gold": gold or ""}
     with T.tracked_run("diagnostic", params, run_name="diagnostic"):
-        result = run_diagnostic(rm_dir, policy_dir, prompts, n_prompts, seed)
+        result = run_diagnostic(rm_dir, policy_dir, prompts, n_prompts, seed, gold_path=gold)
         fams = result["families"]
         T.log_metrics(MN.prefixed(MN.DIAGNOSTIC, {**{f"risk/{f}": v["risk"] for f, v in fams.items()},
                                                    **{f"flag/{f}": float(v["flag"]) for f, v in fams.items()}}))

@@ -47,7 +47,8 @@ def family_bars(metrics: dict, names=("proxy", "kl"), title: str = ""):
 
 
 def diagnostic_bars(result: dict):
-    """Per-family risk, and the top candidate's reward-model effect against the 1/8 bound."""
+    """Per-family risk, and the top feature's premium per occurrence against the margin its family's
+    clean features allow."""
     fams = list(result["families"])
     risks = [result["families"][f]["risk"] for f in fams]
     top = [result["families"][f]["evidence"][0] for f in fams]
@@ -55,12 +56,12 @@ def diagnostic_bars(result: dict):
     axes[0].bar(fams, risks, color=["tab:red" if result["families"][f]["flag"] else "tab:blue" for f in fams])
     axes[0].axhline(0.5, color="black", linestyle="--")
     axes[0].set_title("shortcut risk (flag at 0.5)")
-    axes[1].bar(fams, [c["effect"] for c in top], color="tab:gray")
+    axes[1].bar(fams, [c["premium"] for c in top], color="tab:gray")
+    axes[1].scatter(fams, [c["margin"] * (1 if c["premium"] >= 0 else -1) for c in top], marker="_", s=400,
+                    color="black", zorder=3)
     for x, c in enumerate(top):
-        axes[1].annotate(SR.describe(c), (x, c["effect"]), ha="center", va="bottom", fontsize=7)
-    for y in (0.125, -0.125):
-        axes[1].axhline(y, color="black", linestyle=":")
-    axes[1].set_title("top feature: reward-model effect (dotted: the 1/8 a label allows)")
+        axes[1].annotate(SR.describe(c), (x, c["premium"]), ha="center", va="bottom", fontsize=7)
+    axes[1].set_title("top feature: reward-model premium per occurrence (bar: its margin)")
     for ax in axes:
         ax.tick_params(axis="x", rotation=45)
     fig.tight_layout()

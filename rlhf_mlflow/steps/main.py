@@ -117,7 +117,9 @@ def _diagnose_and_correct(world: WorldPaths, out_dir: str, echo: Callable[[str],
     echo(f"  flagged: {', '.join(flagged) or 'none'}")
     wrapper = os.path.abspath(os.path.join(out_dir, "correction.py"))
     rules = run_correction(diag, world.qa, wrapper)
-    echo("  corrections: " + (", ".join(f"{r['family']} {SR.describe(r)} {r['bonus']:+.3f}" for r in rules) or "none"))
+    echo("  corrections: " + (", ".join(f"{r['family']} {SR.describe(r)} {r['bonus']:+.3f}"
+                                        + (f" (labels {r['label_slope']:+.3f})" if r.get("label_slope") is not None else "")
+                                        for r in rules) or "none"))
     return diag_path, wrapper if rules else None
 
 
