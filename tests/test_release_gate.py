@@ -84,7 +84,7 @@ def _forge(version: str, estimate: float, experiment: str | None = None, step: s
     with mlflow.start_run(tags=tags) as run:
         mlflow.log_param("model_version", version)
         groups = {**report["families"], "balanced": report["balanced"]}
-        mlflow.log_metrics({f"certified/{g}": estimate for g in groups}, model_id=report["subject"]["model_id"])
+        mlflow.log_metrics({f"certify/certified/{g}": estimate for g in groups}, model_id=report["subject"]["model_id"])
         sha = T.log_json_artifact(report, "certification.json")
     mlflow.set_experiment("rlhf_mlflow")
     for k, v in {"certification.run_id": run.info.run_id, "certification.sha256": sha,

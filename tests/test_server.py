@@ -50,7 +50,7 @@ def test_train_rl_logs_registers_and_release_moves_the_alias_on_the_server(on_se
     (run,) = mlflow.search_runs(search_all_experiments=True, output_format="list",
                                 filter_string="attributes.run_name = 'on-postgres'")
     assert run.info.status == "FINISHED" and run.info.artifact_uri.startswith("mlflow-artifacts:")
-    assert [m.step for m in client.get_metric_history(run.info.run_id, "proxy/dune")] == [3, 6]
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "train/proxy/dune")] == [3, 6]
     final = {a.path for a in client.list_artifacts(run.info.run_id, "checkpoints/final")}
     assert "checkpoints/final/policy.safetensors" in final
     (version,) = client.search_model_versions(f"name = 'rlhf-policy' and run_id = '{run.info.run_id}'")

@@ -135,7 +135,7 @@ def test_runs_lists_refused_certifications_with_their_reason(story):
     lines = res.output.strip().splitlines()
     assert len(lines) == 1 + len(certify_runs)
     refused = [r for r in certify_runs if "certify/certified/balanced" not in r.data.metrics]
-    assert sum("NOT certifiable" in line for line in lines) == len(refused)
+    assert sum("not certifiable: " in line for line in lines) == len(refused)
     assert max(map(len, lines)) <= 120
 
 
@@ -196,7 +196,7 @@ def test_the_mlflow_ui_shows_champion_verdicts_and_the_story(mlflow_ui, tmp_path
     assert registry.count("REFUSED (version") == len(refused)  # each verdict in the versions' Description column
     page = _page(f"{mlflow_ui}/#/models/rlhf-policy/versions/{refused[0].version}",
                  str(tmp_path / f"version-{refused[0].version}.png"))
-    assert "Failed:" in page and any(f"{g}:" in page for g in GUARDRAILS)  # the description, rendered
+    assert "Failed:" in page and any(f"<strong>{g}</strong>:" in page for g in GUARDRAILS)  # rendered markdown
     (main,) = [r for r in _runs() if r.data.tags["rlhf.step"] == "main"]
     page = _page(f"{mlflow_ui}/#/experiments/{main.info.experiment_id}/runs/{main.info.run_id}",
                  str(tmp_path / "main-run.png"))

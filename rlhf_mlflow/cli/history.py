@@ -43,14 +43,15 @@ WIDTH = 120
 def fit_width(frame, width: int) -> str:
     """The frame as text no wider than `width`: long cells shortened, then columns dropped from the
     right (the sort metric and the note stay)."""
+    import pandas as pd
     frame = frame.drop(columns=["run_id"], errors="ignore").copy()
     for c in frame.columns:
-        if frame[c].dtype == object:
+        if not pd.api.types.is_numeric_dtype(frame[c]):  # object or pandas' str dtype
             frame[c] = [v if not isinstance(v, str) or len(v) <= 48 else v[:47] + "…" for v in frame[c]]
     first, last = list(frame.columns[:2]), [c for c in ("note",) if c in frame]
     optional = [c for c in frame.columns if c not in first + last]
     while True:
-        text = frame[first + optional + last].to_string(index=False, float_format=lambda v: f"{v:.3f}")
+        text = frame[first + optional + last].to_string(index=False, na_rep="—", float_format=lambda v: f"{v:.3f}")
         if max(len(line) for line in text.splitlines()) <= width or not optional:
             return text
         optional.pop()

@@ -109,9 +109,8 @@ def run_certify(version: str | None = None, policy: str | None = None, world: Wo
                                    "certification.balanced": REG.balanced_tag(report),
                                    "expert_labels.total": str(len(labels)),
                                    **({"correction_sha256": wrapper.sha256} if wrapper else {})})
-        line = _summary_line(report, version)
-        T.set_tags({"rlhf.summary": line})
-        echo(line)
+        T.set_tags({"rlhf.summary": _short_summary(report)})  # what `rlhf-mlflow runs` shows beside the run
+        echo(_summary_line(report, version))
     return {"run_id": run.info.run_id, "report": report}
 
 
@@ -135,6 +134,14 @@ def _log_report(report: dict, model_id: str | None, labels: list[dict], out: str
     T.log_figure(certification_plot(report), "figures/certification.png")
     if out:
         atomic_write_json(out, report)
+
+
+def _short_summary(report: dict) -> str:
+    b = report["balanced"]
+    if b["certifiable"]:
+        return f"certified {b['estimate']:.3f} [{b['lo']:.3f}, {b['hi']:.3f}]"
+    return "not certifiable: " + (", ".join(f for f, r in report["families"].items() if not r["certifiable"])
+                                  or b.get("reason", ""))
 
 
 def _summary_line(report: dict, version) -> str:
