@@ -18,6 +18,7 @@ import pandas as pd
 from rlhf_mlflow.core import shortcut_rules as SR
 from rlhf_mlflow.core.files import atomic_write_json, check_writable
 from rlhf_mlflow.core.world_paths import WorldPaths
+from rlhf_mlflow.decisions import guardrails as G
 from rlhf_mlflow.steps.certify import run_certify
 from rlhf_mlflow.steps.correct import run_correction
 from rlhf_mlflow.steps.dev_eval import run_dev_eval
@@ -73,7 +74,7 @@ def run_main(world: WorldPaths, out_dir: str, steps_scale: float = 1.0, ceiling:
                          run_name=f"dev_eval-{name}")
             inputs = {"correction": wrapper, "diagnostic": diag_path}
             report = run_certify(version=v, world=world, echo=echo, **inputs)["report"]
-            buy_labels(v, report, world, inputs, budget, out_dir, echo)
+            buy_labels(v, report, world, inputs, budget, out_dir, echo, G.GuardrailConfig.from_dict(guardrails or {}))
 
         candidates = train_all(candidate_jobs(wrapper, steps_scale), world, parent.info.run_id, echo,
                                on_done=evaluate)

@@ -55,9 +55,10 @@ def decided(report: dict, cfg: G.GuardrailConfig = G.GuardrailConfig()) -> bool:
 
 
 def buy_labels(version: str, report: dict, world: WorldPaths, certify_kwargs: dict, budget: LabelBudget,
-               out_dir: str, echo: Callable[[str], None]) -> int:
-    """Rounds of label requests -> expert labels -> certify for one candidate; returns labels used."""
-    families = families_worth_labels(report)
+               out_dir: str, echo: Callable[[str], None], cfg: G.GuardrailConfig = G.GuardrailConfig()) -> int:
+    """Rounds of label requests -> expert labels -> certify for one candidate; returns labels used.
+    `cfg`: the guardrails its release will apply."""
+    families = families_worth_labels(report, cfg)
     used = 0
     for k in ROUNDS if families else ():
         cost = len(families) * (k - used // len(families))
