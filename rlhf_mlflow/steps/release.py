@@ -81,7 +81,7 @@ def _describe(mv, results: dict, decision: str, report: dict, cfg: G.GuardrailCo
     """Where people look: the verdict on the version's description and on its training run's tags,
     the guardrails on the registered model's description (words only: the decision is in the tags)."""
     REG.describe(mv.version, verdict_markdown(mv.version, results, decision, report))
-    REG.describe(None, guardrails_markdown(cfg.to_dict()))
+    REG.describe(None, guardrails_markdown(cfg.to_dict(), mv.version))
     if mv.run_id:
         T.tag_run(mv.run_id, {"rlhf.release_decision": decision, "rlhf.model_version": str(mv.version)})
 

@@ -58,11 +58,12 @@ def _short(text: str, limit: int = 160) -> str:
     return text if len(text) <= limit else text[:limit - 1].rstrip() + "…"
 
 
-def guardrails_markdown(cfg: dict) -> str:
-    """The registered model's description: what `@champion` means and the guardrails behind it."""
+def guardrails_markdown(cfg: dict, version) -> str:
+    """The registered model's description: what `@champion` means and the guardrails behind it, with
+    the thresholds of the latest release (`version`'s; a release may override them)."""
     return ("Policies trained by rlhf_mlflow. `@champion` is moved only by `rlhf-mlflow release`, when every "
             "guardrail passes on a certification the release checked itself (each version's description holds "
-            "its verdict):\n\n"
+            f"its verdict). The guardrails, with the thresholds the latest release (version {version}) used:\n\n"
             f"- **certifiable**: every family certified from the expert set (ESS >= {cfg['min_ess']:g}) or from "
             "expert labels on the policy's own answers\n"
             f"- **balanced_gain**: certified balanced quality beats the reference by >= {cfg['min_balanced_gain']:g}"
