@@ -22,8 +22,6 @@ def runs_cmd(step, metric, tidy, repair, dry_run):
         return
     if dry_run:
         raise click.UsageError("--dry-run goes with --repair")
-    import pandas as pd
-
     from rlhf_mlflow.tracking import history
     from rlhf_mlflow.tracking import metric_names as MN
     frame = history.runs(step=step)
@@ -32,8 +30,7 @@ def runs_cmd(step, metric, tidy, repair, dry_run):
     if not len(out):
         click.echo(f"no {step} runs with metric {metric}")
         return
-    with pd.option_context("display.max_rows", 200, "display.width", WIDTH, "display.max_colwidth", 48):
-        click.echo(fit_width(out, WIDTH))
+    click.echo(fit_width(out, WIDTH))
 
 
 WIDTH = 120

@@ -61,6 +61,7 @@ def run_main(world: WorldPaths, out_dir: str, steps_scale: float = 1.0, ceiling:
     `label_budget`: expert labels main may buy on candidates' own responses (main_labels.py);
     `guardrails`: threshold overrides for every release (GuardrailConfig keys)."""
     os.makedirs(check_writable(out_dir, "--out", directory=True), exist_ok=True)
+    gates = G.GuardrailConfig.from_dict(guardrails or {})  # what every release (and label purchase) applies
     t0 = time.perf_counter()
     params = {"world": world.root, "steps_scale": steps_scale, "label_budget": label_budget,
               **{f"guardrail.{k}": v for k, v in (guardrails or {}).items()}}
@@ -74,7 +75,7 @@ def run_main(world: WorldPaths, out_dir: str, steps_scale: float = 1.0, ceiling:
                          run_name=f"dev_eval-{name}")
             inputs = {"correction": wrapper, "diagnostic": diag_path}
             report = run_certify(version=v, world=world, echo=echo, **inputs)["report"]
-            buy_labels(v, report, world, inputs, budget, out_dir, echo, G.GuardrailConfig.from_dict(guardrails or {}))
+            buy_labels(v, report, world, inputs, budget, out_dir, echo, gates)
 
         candidates = train_all(candidate_jobs(wrapper, steps_scale), world, parent.info.run_id, echo,
                                on_done=evaluate)
@@ -99,10 +100,11 @@ def run_main(world: WorldPaths, out_dir: str, steps_scale: float = 1.0, ceiling:
 def _outcome_metrics(table: pd.DataFrame) -> dict:
     """What a user charts across main runs: the champion's certified balanced quality (if this run
     made one), candidates promoted and refused."""
-    out = {MN.MAIN + "candidates_refused": float((table["decision"] == "refused").sum()) if len(table) else 0.0,
-           MN.MAIN + "candidates_promoted": float((table["decision"] == "promoted").sum()) if len(table) else 0.0}
-    champ = table[table["champion"]] if len(table) else table
-    if len(champ) and champ.iloc[0]["certified_balanced"] is not None:
+    if not len(table):
+        return {MN.MAIN + "candidates_refused": 0.0, MN.MAIN + "candidates_promoted": 0.0}
+    out = {MN.MAIN + f"candidates_{d}": float((table["decision"] == d).sum()) for d in ("refused", "promoted")}
+    champ = table[table["champion"]]
+    if len(champ) and pd.notna(champ.iloc[0]["certified_balanced"]):
         out[MN.MAIN + "champion_certified_balanced"] = float(champ.iloc[0]["certified_balanced"])
     return out
 
