@@ -28,6 +28,7 @@ level, off-policy, the minimum over settings); both are printed when both are me
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import sys
@@ -136,13 +137,18 @@ def trained_policies(world: str, work: str, names: list[str], steps_scale: float
     return paths, wrapper, diag
 
 
-def policy_labels(world: str, policy: M.Policy, gold: list[dict], k: int, seed: int = 0) -> dict[str, list[dict]]:
-    """K expert labels per family on the policy's own samples (label_requests' draw with `seed`, the
-    world's annotator)."""
+def policy_labels(world: str, policy: M.Policy, gold: list[dict], k: int, seed: int = 0, cell: str = "") -> dict[str, list[dict]]:
+    """K expert labels per family on the policy's own samples (label_requests' draw, the world's
+    annotator). Each (world, policy, expert set, label seed) `cell` gets its own sampling stream and
+    request ids (the annotator seeds its noise by id): with one seed for all, every policy of every world
+    was asked with the same random numbers and given the same noise, and the coverage cells were few
+    independent draws counted many times."""
     if k <= 0:
         return {}
-    return D.group_by_family(label_requests(WorldPaths.at(world), draw_requests(policy, gold, k, seed=seed,
-                                                                               prefix=f"req{seed}")))
+    tag = f"{cell}:{seed}"
+    stream = int.from_bytes(hashlib.sha256(tag.encode()).digest()[:4], "little")
+    return D.group_by_family(label_requests(WorldPaths.at(world), draw_requests(policy, gold, k, seed=stream,
+                                                                               prefix=f"req-{tag}")))
 
 
 def evaluate_world(world: str, a: argparse.Namespace) -> list[dict]:
@@ -167,7 +173,8 @@ def evaluate_world(world: str, a: argparse.Namespace) -> list[dict]:
                         for f, g in D.group_by_family(gold).items()}
             bare = certified(evidence, {}, rm, wrapper, replace(cfg, ess_widening=0.0))  # the interval before #19
             for k, label_seed in [(k, s) for k in a.policy_labels for s in range(a.label_seeds if k else 1)]:
-                rep = certified(evidence, policy_labels(world, policy, gold, k, label_seed), rm, wrapper, cfg)
+                labels = policy_labels(world, policy, gold, k, label_seed, f"{setting['world']}/{name}/{size}/{gold_rep}")
+                rep = certified(evidence, labels, rm, wrapper, cfg)
                 for f, r in rep.items():
                     rows.append({**setting, "gold": size, "gold_rep": gold_rep, "K": k, "label_seed": label_seed, "policy": name, "family": f,
                                  "truth": truth[f"truth/{f}"], "truth_xp": xp[f"truth/{f}"],
@@ -248,14 +255,16 @@ def main() -> None:
                     help="expert sets per size: the world's, then sets drawn afresh as the builder draws them (one "
                          "set's errors are shared by every policy, so coverage needs several)")
     ap.add_argument("--label-seeds", type=int, default=1,
-                    help="independent label-request draws per K (label_requests' seed 0, 1, ...): every policy of a "
-                         "world is asked about the same prompts with the same sampling stream, so one draw gives few "
-                         "independent coverage cells")
+                    help="label-request draws per K and expert set, each with its own sampling stream and noise")
     ap.add_argument("--truth-prompts", type=int, default=400, help="fresh prompts per family for the truth")
     ap.add_argument("--ess-widening", type=float, default=C.CertifyConfig().ess_widening)
     ap.add_argument("--out", help="write every cell as JSON here")
     a = ap.parse_args()
     a.policies = [p for p in a.policies.split(",") if p]
+    unknown = [p for p in a.policies if p not in POLICIES]
+    if unknown:
+        ap.error(f"--policies: unknown {', '.join(unknown)} (choose from {', '.join(POLICIES)}; the reference is "
+                 "always included)")
     a.gold_sizes = [int(x) for x in a.gold_sizes.split(",")]
     a.policy_labels = sorted({0} | {int(x) for x in a.policy_labels.split(",")})
     configure_threads()

@@ -18,10 +18,12 @@ from rlhf_mlflow.cli.portable import certify_main, label_requests_main
 from rlhf_mlflow.core import model as M
 from rlhf_mlflow.core import records as D
 from rlhf_mlflow.core.world_paths import WorldPaths
+from rlhf_mlflow.decisions.certify import certify
 from rlhf_mlflow.decisions.label_requests import draw_requests
-from rlhf_mlflow.decisions.labelled import half_width, ppi_mean, t_quantile
+from rlhf_mlflow.decisions.labelled import gain_se, half_width, ppi_mean, t_quantile
 from rlhf_mlflow.tracking import runs as T
 from rlhf_mlflow.tracking.policy_model import REGISTERED_MODEL, log_policy
+from rlhf_mlflow.world.annotator import label_requests
 from rlhf_mlflow.world.oracle import Oracle
 
 LENIENT = "min_balanced_gain=-1,require_significant_gain=false,min_family_change=-1,max_family_kl=100"
@@ -30,13 +32,48 @@ LENIENT = "min_balanced_gain=-1,require_significant_gain=false,min_family_change
 def test_ppi_by_hand():
     fu, fl, y = np.array([0.0, 1.0, 0.0, 1.0]), np.array([0.0, 1.0]), np.array([0.5, 1.0])
     est = ppi_mean(fu, fl, y)
-    # var(f) over all 6 predictions = 0.3, cov(y, f_l) = 0.25, lambda = 0.25 / ((1 + 2/4) * 0.3) = 5/9
-    assert est.lam == pytest.approx(5 / 9)
-    assert est.estimate == pytest.approx(5 / 9 * 0.5 + (0.75 - 5 / 9 * 0.5))
-    resid = y - 5 / 9 * fl
-    assert est.se == pytest.approx(np.sqrt((5 / 9) ** 2 * np.var(fu, ddof=1) / 4 + np.var(resid, ddof=1) / 2))
+    # four prompts, one sample each: var_u = var(f_u) / 4 = 1/12; var(f) over all 6 = 0.3; cov(y, f_l) = 0.25;
+    # lambda = 0.25 / (0.3 + 2 * 1/12) = 15/28
+    assert est.lam == pytest.approx(15 / 28)
+    assert est.estimate == pytest.approx(15 / 28 * 0.5 + (0.75 - 15 / 28 * 0.5))
+    resid = y - 15 / 28 * fl
+    assert est.se == pytest.approx(np.sqrt((15 / 28) ** 2 / 12 + np.var(resid, ddof=1) / 2))
     flat = ppi_mean(np.ones(10), np.ones(3), np.array([0.0, 0.5, 1.0]))  # a constant predictor: the labels' mean
     assert flat.lam == 0.0 and flat.estimate == pytest.approx(0.5)
+    # two samples on each of two prompts: the unlabelled variance is the prompt means' (0 and 1)
+    two = ppi_mean(np.array([[0.0, 0.0], [1.0, 1.0]]), fl, y)
+    assert two.N == 4 and two.se == pytest.approx(np.sqrt(two.lam ** 2 * 0.5 / 2 + np.var(y - two.lam * fl, ddof=1) / 2))
+    # the gain pairs each prompt's mean with its reference label: a reference that moves with the
+    # prompts cancels their spread
+    ref = np.array([0.0, 1.0])
+    assert gain_se(two, ref) == pytest.approx(np.sqrt(np.var(two.lam * np.array([0.0, 1.0]) - ref, ddof=1) / 2
+                                                      + two.residual_var / 2))
+    assert gain_se(two, ref) < np.sqrt(two.se ** 2 + np.var(ref, ddof=1) / 2)
+
+
+def test_ppi_intervals_cover_the_prompt_distribution_not_just_the_expert_prompts():
+    """100 prompts with their own difficulty (sd 0.15), 8 unlabelled samples and one expert label on each
+    of 50 of them: the interval must cover the family's mean (over prompts), and the gain's interval the
+    gain over a reference labelled once on every prompt. Counting the 800 samples as independent (the
+    estimator before the prompt-level variance) covered 75%."""
+    rng = np.random.default_rng(1)
+    hits, gain_hits, naive = 0, 0, 0
+    for _ in range(1000):
+        u = 0.15 * rng.standard_normal(100)
+        q = 0.5 + u[:, None] + 0.15 * rng.standard_normal((100, 8))      # the policy's samples' quality
+        f = 0.2 + 0.7 * q + 0.05 * rng.standard_normal((100, 8))         # a biased but informative predictor
+        lab = rng.permutation(100)[:50]
+        ql = 0.5 + u[lab] + 0.15 * rng.standard_normal(50)
+        y, fl = ql + 0.05 * rng.standard_normal(50), 0.2 + 0.7 * ql + 0.05 * rng.standard_normal(50)
+        ref = 0.3 + u + 0.15 * rng.standard_normal(100)
+        est = ppi_mean(f, fl, y, lab)
+        hits += abs(est.estimate - 0.5) <= half_width(est.se, 50, 0.9)
+        gain_hits += abs(est.estimate - ref.mean() - 0.2) <= half_width(gain_se(est, ref), 50, 0.9)
+        flat = ppi_mean(f.ravel(), fl, y)     # as if every sample had a prompt of its own
+        naive += abs(flat.estimate - 0.5) <= half_width(flat.se, 50, 0.9)
+    assert 0.87 <= hits / 1000 <= 0.93
+    assert 0.87 <= gain_hits / 1000 <= 0.94
+    assert naive / 1000 < 0.80
 
 
 def test_t_quantiles_and_the_union_bound():
@@ -59,6 +96,31 @@ def test_ppi_intervals_cover_at_their_level():
         width_labels.append(half_width(np.std(y[:40], ddof=1) / np.sqrt(40), 40, 0.9))
     assert 0.87 <= hits / 1000 <= 0.93
     assert np.mean(width_ppi) < 0.8 * np.mean(width_labels)  # the predictor buys a narrower interval
+
+
+def test_labels_on_one_family_leave_every_other_number_as_it_was(tiny_world, tmp_path):
+    """A policy with no labels is certified exactly as without the feature; labels on dune change dune
+    only (its off-policy row kept beside), and too few labels change nothing but the reason."""
+    ref, gold = os.path.join(tiny_world, "policy"), WorldPaths(tiny_world).expert_set
+    policy_dir = sharpened(tiny_world, str(tmp_path / "p"), 1.2)
+    rm_dir = os.path.join(tiny_world, "reward_model")
+    requests = draw_requests(M.load_policy(policy_dir)[0], D.read_jsonl(gold, labelled=True), 20, ["dune", "ember"])
+    labels = label_requests(WorldPaths(tiny_world), [r for r in requests if r["family"] == "dune"]
+                            + [r for r in requests if r["family"] == "ember"][:5])
+    path = tmp_path / "labels.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in labels))
+    bare = certify(policy_dir, ref, gold, rm_dir=rm_dir)
+    with_labels = certify(policy_dir, ref, gold, rm_dir=rm_dir, policy_labels=str(path))
+    keys = ("certifiable", "estimate", "lo", "hi", "gain", "gain_lo", "gain_hi", "ess", "kl")
+    for f, row in bare["families"].items():
+        got = with_labels["families"][f]
+        if f == "dune":
+            assert got["evidence"] == "policy labels (20)" and got["method"] == "ppi"
+            assert got["off_policy"] == {k: row.get(k) for k in got["off_policy"]}
+        else:
+            assert {k: got[k] for k in keys} == {k: row[k] for k in keys}, f
+    assert "5 policy labels < 20" in with_labels["families"]["ember"]["reason"]
+    assert all(bare["families"][f]["certifiable"] for f in ("ember", "fjord"))  # numbers, not two Nones, compared
 
 
 def _register(path: str) -> str:

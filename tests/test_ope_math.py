@@ -69,10 +69,10 @@ def test_population_ess_is_n_over_the_policys_mean_weight():
 
 
 def test_small_sample_widening_by_hand():
-    assert O.small_sample_widening(25.0) == pytest.approx(np.sqrt(1.4))
+    assert O.small_sample_widening(25.0, 10.0) == pytest.approx(np.sqrt(1.4))
     assert O.small_sample_widening(25.0, k=0.0) == 1.0
-    assert O.small_sample_widening(1e9) == pytest.approx(1.0)
-    assert O.small_sample_widening(0.2) == pytest.approx(np.sqrt(11.0))  # ESS below 1 counts as 1
+    assert O.small_sample_widening(1e9, 20.0) == pytest.approx(1.0)
+    assert O.small_sample_widening(0.2, 10.0) == pytest.approx(np.sqrt(11.0))  # ESS below 1 counts as 1
 
 
 def _evidence(rng, n=80, spread=1.2):
@@ -106,7 +106,7 @@ def test_the_widened_interval_keeps_the_estimate_and_covers_better_at_low_ess():
         if not row["certifiable"]:
             continue
         given += 1
-        c = O.small_sample_widening(min(row["ess"], row["pop_ess"]))
+        c = O.small_sample_widening(min(row["ess"], row["pop_ess"]), widened.ess_widening)
         assert row["widening"] == pytest.approx(c) and c > 1.0
         assert row["estimate"] == row0["estimate"]
         assert row["hi"] - row["estimate"] == pytest.approx(c * (row0["hi"] - row0["estimate"]))

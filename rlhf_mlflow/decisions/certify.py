@@ -11,7 +11,7 @@ Per family, with n expert rows (x_i, y_i, label_i) drawn from the reference:
   - the doubly-robust estimate: direct + importance-weighted calibration residuals. This is the
     certified number; its 90% interval is a seeded bootstrap over the expert rows (prompts, labels
     and calibration refit together), paired with the reference's mean for the gain's interval, and
-    widened about the estimate by sqrt(1 + 10 / min(ESS, population ESS)) (a finite-sample
+    widened about the estimate by sqrt(1 + 20 / min(ESS, population ESS)) (a finite-sample
     correction: see ope_math.small_sample_widening).
 A family is certifiable only when ESS >= min_ess and k-hat <= max_khat on the expert rows, and the
 population ESS (n / E_pi[w], from the policy's own samples: it sees mass the expert rows never
@@ -46,6 +46,11 @@ from rlhf_mlflow.decisions.overlap import log_ratios, own_samples, support
 from rlhf_mlflow.decisions.overlap import weight_support as _weight_support
 
 
+ESTIMATOR_VERSION = 3
+"""Which estimator wrote a report (release recomputes it): 1 the bare bootstrap, 2 the ESS widening
+(issue 19), 3 PPI's variance over prompts (issue 17). A report without it was written by 1 or 2."""
+
+
 @dataclass(frozen=True)
 class CertifyConfig:
     min_ess: float = 10.0
@@ -66,7 +71,7 @@ class CertifyConfig:
     """A family with at least this many expert labels on the policy's own samples is certified from them."""
     label_looks: int = 1
     """How many times labels bought in rounds are looked at: every interval is union-bounded over them."""
-    ess_widening: float = 10.0
+    ess_widening: float = 20.0
     """Off-policy intervals are widened about the estimate by sqrt(1 + ess_widening / min(ESS, population
     ESS)): the percentile bootstrap's spread fell 10-20% short of the estimator's at ESS 20-45
     (ope_math.small_sample_widening); 0 keeps the bare bootstrap."""
@@ -93,6 +98,7 @@ def family_evidence(policy, reference, rm, wrapper, gold: list[dict], cfg: Certi
     own, ref_own, own_lw = own_samples(policy, reference, prompts, cfg, gen)
     prompts_rep = prompts.repeat_interleave(K, 0)
     ev = {"log_ratios": lw, "labels": np.array([r["label"] for r in gold], float),
+          "prompts": [tuple(r["attrs"]) for r in gold],
           "kl": float(own_lw.mean()), "pop_ess": O.population_ess(own_lw, len(gold)),
           "shortcuts": _shortcut_counts(shortcuts, gold, K, own, ref_own)}
     if rm is not None:
@@ -179,8 +185,9 @@ def estimate_families(evidence: dict[str, dict], labelled: dict[str, list[dict]]
     rows, draws, ref_draws = {}, {}, {}
     for f, ev in evidence.items():
         rows[f], draws[f], ref_draws[f] = estimate_family(ev, cfg, rng)
-        if f in labelled:
-            rows[f], ppi_draws = with_labels(rows[f], ev, labelled[f], rm, wrapper, cfg, rng)
+        if f in labelled:  # a stream of its own: labels on one family leave every other family's numbers as they were
+            label_rng = np.random.default_rng([cfg.seed, 1 + V.FAMILIES.index(f)])
+            rows[f], ppi_draws = with_labels(rows[f], ev, labelled[f], rm, wrapper, cfg, label_rng)
             draws[f] = draws[f] if ppi_draws is None else ppi_draws
     return rows, draws, ref_draws
 
@@ -239,7 +246,7 @@ def certify(policy_dir: str, reference_dir: str, gold_path: str, *, rm_dir: str 
             raise InputError(f"{gold_path}: family {f} has {len(by_family[f])} expert rows; certification needs >= 10")
         evidence[f] = family_evidence(policy, reference, rm, wrapper, by_family[f], cfg, shortcuts, gen)
     rows, draws, ref_draws = estimate_families(evidence, labelled, rm, wrapper, cfg)
-    report = {"families": rows,
+    report = {"estimator": ESTIMATOR_VERSION, "families": rows,
               "balanced": aggregate(rows, draws, ref_draws, {f: 1.0 for f in V.FAMILIES}, cfg),
               "config": asdict(cfg),
               "inputs": {"policy": policy_dir, "reference": reference_dir, "gold": gold_path, "rm_dir": rm_dir,
@@ -270,14 +277,17 @@ def with_labels(row: dict, ev: dict, labels: list[dict], rm, wrapper, cfg: Certi
     """The family's row certified from the policy labels: predictor = the calibrated, corrected reward
     model (none without one: then the labels' own mean)."""
     y = np.array([r["label"] for r in labels], float)
+    prompts = len(ev["labels"])                       # the unlabelled samples: K on each expert prompt
     if rm is None:
-        f_unl, f_lab = np.zeros(cfg.samples_per_prompt * len(ev["labels"])), np.zeros(len(y))
+        f_unl, f_lab = np.zeros((prompts, cfg.samples_per_prompt)), np.zeros(len(y))
     else:
         a, b = row["calibration"]["intercept"], row["calibration"]["slope"]
         scores = _scores(rm, wrapper, labels, D.prompts_tensor(labels), D.responses_tensor(labels))
-        f_unl, f_lab = a + b * ev["policy_scores_all"], a + b * scores
+        f_unl, f_lab = a + b * ev["policy_scores_all"].reshape(prompts, -1), a + b * scores
+    row_of = {p: i for i, p in reversed(list(enumerate(ev["prompts"])))}
+    at = np.array([row_of.get(tuple(r["attrs"]), -1) for r in labels])  # labels drawn on the expert prompts
     return L.with_policy_labels(row, f_unl, f_lab, y, ev["labels"], cfg.level, cfg.label_looks, cfg.min_labels,
-                                cfg.n_boot, rng)
+                                cfg.n_boot, rng, at)
 
 
 def _flagged_shortcuts(diagnostic) -> list[dict]:

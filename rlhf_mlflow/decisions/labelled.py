@@ -2,22 +2,28 @@
 Angelopoulos et al. 2023) with the calibrated reward model as the predictor.
 
 For one family, with the predictor f (the corrected reward model calibrated to the expert set),
-N unlabelled samples of the policy (f_u) and n labelled ones (f_l, labels y):
+unlabelled samples of the policy on P prompts (f_u, one row per prompt) and n labelled ones (f_l,
+labels y):
 
     theta = lam * mean(f_u) + mean(y - lam * f_l)
 
 is unbiased for the policy's mean true quality for any fixed lam (the labels remove the predictor's
-bias); lam = cov(y, f_l) / ((1 + n/N) var(f)) (clipped to [0, 1]) minimises its variance, so the
-interval shrinks with how well the reward model predicts the labels and is never wider than the
-labels' own mean's (lam = 0). The variance is lam^2 var(f_u)/N + var(y - lam f_l)/n; the interval
-uses Student's t with n - 1 degrees of freedom.
+bias). The estimand is the family's prompt distribution, not the P prompts the samples were drawn on,
+so the variance is taken over prompts: var(per-prompt mean of lam f_u) / P + var(y - lam f_l) / n,
+plus twice the two terms' covariance where the labels were drawn on those same prompts (as
+label_requests draws them). Counting the P x m unlabelled samples as independent left the prompts'
+own spread out: the intervals covered the expert prompts' truth and missed the deployment truth.
+lam = cov(y, f_l) / (var(f) + n var_u) (clipped to [0, 1]) is the variance-minimising weight without
+the shared-prompt term; the interval shrinks with how well the reward model predicts the labels. It
+uses Student's t with n - 1 degrees of freedom. The gain over the reference pairs each prompt's
+unlabelled mean with the reference's expert label on that prompt (a - y_ref in place of a above).
 
 Labels requested in rounds are looked at after every round: a union bound over the `looks` allowed
 keeps every look's interval valid together (each at level 1 - (1 - level) / looks).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from statistics import NormalDist
 
 import numpy as np
@@ -37,19 +43,65 @@ class PPI:
     """Labels."""
     N: int
     """Unlabelled policy samples."""
+    prompt_means: np.ndarray
+    """The predictor's mean per unlabelled prompt (what the gain pairs with the reference's labels)."""
+    residuals: np.ndarray
+    """y - lam * f_l per label."""
+    label_prompts: np.ndarray
+    """Per label, the row of f_u whose prompt it was drawn on (-1: a prompt of its own)."""
+
+    @property
+    def residual_var(self) -> float:
+        return float(np.var(self.residuals, ddof=1))
 
 
-def ppi_mean(f_unlabelled: np.ndarray, f_labelled: np.ndarray, labels: np.ndarray) -> PPI:
-    """The PPI++ estimate of E[y] under the policy, with its standard error."""
-    fu, fl, y = (np.asarray(a, dtype=float) for a in (f_unlabelled, f_labelled, labels))
-    n, N = len(y), len(fu)
+def _per_prompt(f_unlabelled) -> np.ndarray:
+    """(P, m) predictions: a 1-D array is one sample per prompt."""
+    fu = np.asarray(f_unlabelled, dtype=float)
+    return fu[:, None] if fu.ndim == 1 else fu.reshape(len(fu), -1)
+
+
+def ppi_mean(f_unlabelled: np.ndarray, f_labelled: np.ndarray, labels: np.ndarray,
+             label_prompts: np.ndarray | None = None) -> PPI:
+    """The PPI++ estimate of E[y] under the policy, with its standard error; `f_unlabelled` is (P, m),
+    m samples on each of P prompts (1-D: one per prompt); `label_prompts` says on which of those
+    prompts each label was drawn (-1 or None: prompts of their own)."""
+    fu = _per_prompt(f_unlabelled)
+    fl, y = (np.asarray(a, dtype=float) for a in (f_labelled, labels))
+    n, P = len(y), len(fu)
     if n < 2:
         raise ValueError(f"PPI needs at least 2 labels, got {n}")
-    var_f = np.var(np.concatenate([fu, fl]), ddof=1)
-    lam = 0.0 if var_f <= 1e-12 else float(np.clip(np.cov(y, fl, ddof=1)[0, 1] / ((1 + n / N) * var_f), 0.0, 1.0))
-    theta = lam * fu.mean() + (y - lam * fl).mean()
-    se = float(np.sqrt(lam ** 2 * np.var(fu, ddof=1) / N + np.var(y - lam * fl, ddof=1) / n))
-    return PPI(float(theta), se, lam, n, N)
+    at = np.full(n, -1) if label_prompts is None else np.asarray(label_prompts, dtype=int)
+    if len(at) != n or at.max(initial=-1) >= P:
+        raise ValueError(f"label_prompts must give one row of f_unlabelled (< {P}) or -1 per label")
+    means = fu.mean(1)
+    var_u = float(np.var(means, ddof=1)) / P if P > 1 else 0.0
+    var_f = np.var(np.concatenate([fu.ravel(), fl]), ddof=1)
+    cov = np.cov(y, fl, ddof=1)[0, 1]
+    lam = 0.0 if var_f <= 1e-12 else float(np.clip(cov / (var_f + n * var_u), 0.0, 1.0))
+    est = PPI(float(lam * means.mean() + (y - lam * fl).mean()), 0.0, lam, n, fu.size, means, y - lam * fl, at)
+    return replace(est, se=float(np.sqrt(_variance(est, lam * means))))
+
+
+def _variance(est: PPI, a: np.ndarray) -> float:
+    """Var(mean over prompts of a + mean of the residuals), a one value per unlabelled prompt: the two
+    terms share the prompts the labels were drawn on, and cov(mean_P a, mean_n r) = n_shared / (P n)
+    * cov(a_p, r) over them."""
+    P, n = len(a), est.n
+    v = (float(np.var(a, ddof=1)) / P if P > 1 else 0.0) + est.residual_var / n
+    shared = est.label_prompts >= 0
+    if shared.sum() >= 2:
+        v += 2 * shared.sum() / (P * n) * float(np.cov(a[est.label_prompts[shared]], est.residuals[shared], ddof=1)[0, 1])
+    return max(v, est.residual_var / n / 4)   # a floor: the shared-prompt covariance is estimated too
+
+
+def gain_se(est: PPI, reference_labels: np.ndarray) -> float:
+    """The standard error of estimate - mean(reference_labels): paired per prompt when the reference's
+    labels are on the unlabelled samples' prompts (one each, in order), else as independent."""
+    ref = np.asarray(reference_labels, dtype=float)
+    if len(ref) == len(est.prompt_means) and len(ref) > 1:
+        return float(np.sqrt(_variance(est, est.lam * est.prompt_means - ref)))
+    return float(np.sqrt(est.se ** 2 + np.var(ref, ddof=1) / len(ref)))
 
 
 def t_quantile(p: float, df: float) -> float:
@@ -78,7 +130,8 @@ def interval_draws(est: PPI, level: float, looks: int, size: int, rng: np.random
 
 def with_policy_labels(row: dict, f_unlabelled: np.ndarray, f_labelled: np.ndarray, labels: np.ndarray,
                        reference_labels: np.ndarray, level: float, looks: int, min_labels: int, n_boot: int,
-                       rng: np.random.Generator) -> tuple[dict, np.ndarray | None]:
+                       rng: np.random.Generator, label_prompts: np.ndarray | None = None
+                       ) -> tuple[dict, np.ndarray | None]:
     """A family's certify row redone with policy labels: the PPI estimate, its (union-bounded) interval
     and gain, and draws for the aggregates; the off-policy row is kept under `off_policy`. With fewer
     than `min_labels` labels the off-policy row stands and says how many labels it has (draws None)."""
@@ -90,10 +143,9 @@ def with_policy_labels(row: dict, f_unlabelled: np.ndarray, f_labelled: np.ndarr
         out["reason"] = f"{row['reason']}; {n} policy labels < {min_labels} needed to certify from labels"
         out["evidence"] = "expert set (off-policy)" if row["certifiable"] else "none"
         return out, None
-    est = ppi_mean(f_unlabelled, f_labelled, labels)
+    est = ppi_mean(f_unlabelled, f_labelled, labels, label_prompts)
     hw = half_width(est.se, n, level, looks)
-    ref_var = np.var(reference_labels, ddof=1) / len(reference_labels)
-    gain_hw = half_width(float(np.sqrt(est.se ** 2 + ref_var)), n, level, looks)
+    gain_hw = half_width(gain_se(est, reference_labels), n, level, looks)
     gain = est.estimate - row["reference"]
     out.update(certifiable=True, reason="ok", method="ppi", evidence=f"policy labels ({n})", estimate=est.estimate,
                lo=est.estimate - hw, hi=est.estimate + hw, gain=gain, gain_lo=gain - gain_hw, gain_hi=gain + gain_hw,

@@ -109,6 +109,12 @@ def recompute_certification(report: dict, version, run_id: str) -> str:
     for key in sorted(claimed.keys() | got.keys()):
         a, b = claimed.get(key), got.get(key)
         if not (abs(a - b) <= TOLERANCE if isinstance(a, float) and isinstance(b, float) else a == b):
+            written_by = report.get("estimator", "1 or 2")
+            if written_by != C.ESTIMATOR_VERSION:
+                raise InputError(f"certification run {run_id} refused for version {version.version}: it was written "
+                                 f"by certify's estimator {written_by}, this release computes estimator "
+                                 f"{C.ESTIMATOR_VERSION} and gets {key} {b} where the report says {a}: certify the "
+                                 "version again")
             raise InputError(f"certification run {run_id} refused for version {version.version}: recomputed from "
                              f"its inputs, {key} is {b}, the report says {a}")
     return "recomputed"
