@@ -48,7 +48,8 @@ from rlhf_mlflow.decisions.overlap import weight_support as _weight_support
 
 ESTIMATOR_VERSION = 3
 """Which estimator wrote a report (release recomputes it): 1 the bare bootstrap, 2 the ESS widening
-(issue 19), 3 PPI's variance over prompts (issue 17). A report without it was written by 1 or 2."""
+(issue 19), 3 PPI's variance over prompts and its widening (issue 17). A report without it was
+written by 1 or 2."""
 
 
 @dataclass(frozen=True)
@@ -71,6 +72,8 @@ class CertifyConfig:
     """A family with at least this many expert labels on the policy's own samples is certified from them."""
     label_looks: int = 1
     """How many times labels bought in rounds are looked at: every interval is union-bounded over them."""
+    label_widening: float = L.LABEL_WIDENING
+    """Labelled (PPI) intervals are widened about the estimate by this factor (labelled.LABEL_WIDENING)."""
     ess_widening: float = 20.0
     """Off-policy intervals are widened about the estimate by sqrt(1 + ess_widening / min(ESS, population
     ESS)): the percentile bootstrap's spread fell 10-20% short of the estimator's at ESS 20-45
@@ -86,6 +89,7 @@ class CertifyConfig:
         check_range("min_labels", self.min_labels, 2, integer=True)
         check_range("label_looks", self.label_looks, 1, integer=True)
         check_range("ess_widening", self.ess_widening, 0)
+        check_range("label_widening", self.label_widening, 1)
 
 
 @torch.no_grad()
@@ -287,7 +291,7 @@ def with_labels(row: dict, ev: dict, labels: list[dict], rm, wrapper, cfg: Certi
     row_of = {p: i for i, p in reversed(list(enumerate(ev["prompts"])))}
     at = np.array([row_of.get(tuple(r["attrs"]), -1) for r in labels])  # labels drawn on the expert prompts
     return L.with_policy_labels(row, f_unl, f_lab, y, ev["labels"], cfg.level, cfg.label_looks, cfg.min_labels,
-                                cfg.n_boot, rng, at)
+                                cfg.n_boot, rng, at, cfg.label_widening)
 
 
 def _flagged_shortcuts(diagnostic) -> list[dict]:

@@ -28,6 +28,13 @@ from statistics import NormalDist
 
 import numpy as np
 
+LABEL_WIDENING = 1.15
+"""The labelled interval's half-width is multiplied by this. Over 4,500 labelled family intervals (six
+bench worlds, 6 expert sets x 3 independent label draws, K = 50) the errors' spread was 1.02-1.14x
+the t interval's standard error per world, misses lying low more often than high (fraction-of-8
+labels are skewed where quality sits near 0): coverage 0.872-0.897 at 90%. x1.15 measured 0.914-0.943
+family and 0.897-0.960 balanced. An empirical constant like ope_math's ESS widening, not a theorem."""
+
 MIN_LABELS = 20
 """A family is certifiable from policy labels alone with at least this many: below it the t interval
 of a fraction-of-8 quality is too rough to decide a 0.03 guardrail, and the tuned weight too noisy."""
@@ -121,20 +128,21 @@ def half_width(se: float, n: int, level: float, looks: int = 1) -> float:
     return float(t_quantile(1.0 - alpha / 2.0, max(n - 1, 1)) * se)
 
 
-def interval_draws(est: PPI, level: float, looks: int, size: int, rng: np.random.Generator) -> np.ndarray:
-    """Normal draws whose central `level` interval is this estimate's (union-bounded) interval: how a
-    labelled family enters a bootstrapped aggregate beside off-policy families."""
+def interval_draws(est: PPI, hw: float, level: float, size: int, rng: np.random.Generator) -> np.ndarray:
+    """Normal draws whose central `level` interval is this estimate +- hw (its union-bounded, widened
+    interval): how a labelled family enters a bootstrapped aggregate beside off-policy families."""
     z = NormalDist().inv_cdf(0.5 + level / 2.0)
-    return est.estimate + rng.standard_normal(size) * half_width(est.se, est.n, level, looks) / z
+    return est.estimate + rng.standard_normal(size) * hw / z
 
 
 def with_policy_labels(row: dict, f_unlabelled: np.ndarray, f_labelled: np.ndarray, labels: np.ndarray,
                        reference_labels: np.ndarray, level: float, looks: int, min_labels: int, n_boot: int,
-                       rng: np.random.Generator, label_prompts: np.ndarray | None = None
+                       rng: np.random.Generator, label_prompts: np.ndarray | None = None, widening: float = 1.0
                        ) -> tuple[dict, np.ndarray | None]:
     """A family's certify row redone with policy labels: the PPI estimate, its (union-bounded) interval
-    and gain, and draws for the aggregates; the off-policy row is kept under `off_policy`. With fewer
-    than `min_labels` labels the off-policy row stands and says how many labels it has (draws None)."""
+    and gain widened by `widening` (LABEL_WIDENING), and draws for the aggregates; the off-policy row is
+    kept under `off_policy`. With fewer than `min_labels` labels the off-policy row stands and says how
+    many labels it has (draws None)."""
     n = len(labels)
     off = {k: row.get(k) for k in ("certifiable", "reason", "estimate", "lo", "hi", "gain", "gain_lo", "gain_hi",
                                    "method")}
@@ -144,10 +152,10 @@ def with_policy_labels(row: dict, f_unlabelled: np.ndarray, f_labelled: np.ndarr
         out["evidence"] = "expert set (off-policy)" if row["certifiable"] else "none"
         return out, None
     est = ppi_mean(f_unlabelled, f_labelled, labels, label_prompts)
-    hw = half_width(est.se, n, level, looks)
-    gain_hw = half_width(gain_se(est, reference_labels), n, level, looks)
+    hw = widening * half_width(est.se, n, level, looks)
+    gain_hw = widening * half_width(gain_se(est, reference_labels), n, level, looks)
     gain = est.estimate - row["reference"]
     out.update(certifiable=True, reason="ok", method="ppi", evidence=f"policy labels ({n})", estimate=est.estimate,
                lo=est.estimate - hw, hi=est.estimate + hw, gain=gain, gain_lo=gain - gain_hw, gain_hi=gain + gain_hw,
-               ppi={"lambda": est.lam, "se": est.se, "unlabelled": est.N, "looks": looks})
-    return out, interval_draws(est, level, looks, n_boot, rng)
+               ppi={"lambda": est.lam, "se": est.se, "unlabelled": est.N, "looks": looks, "widening": widening})
+    return out, interval_draws(est, hw, level, n_boot, rng)

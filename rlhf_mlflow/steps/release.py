@@ -135,6 +135,6 @@ def _comparable(report: dict) -> dict:
 
 
 def _certify_config(report: dict) -> C.CertifyConfig:
-    """The config a report was certified with; one written before the interval widening (issue 19)
-    has no `ess_widening` and was certified without it."""
-    return C.CertifyConfig(**{"ess_widening": 0.0, **report.get("config", {})})
+    """The config a report was certified with; one written before the interval widenings (issues 19
+    and 17) has no `ess_widening` / `label_widening` and was certified without them."""
+    return C.CertifyConfig(**{"ess_widening": 0.0, "label_widening": 1.0, **report.get("config", {})})
