@@ -5,14 +5,15 @@ says a family is past its peak.
 Every `watch_every` steps, per family with expert rows:
   - certify.family_evidence + estimate_family on the current policy: the calibrated, corrected reward
     model on the policy's own samples plus the importance-weighted calibration residuals (doubly
-    robust) where the overlap rule allows, else the direct estimate alone; its standard error is the
-    bootstrap's sd over the expert rows. Every watch point uses the same seeds (the same bootstrap
-    rows, the same sampling noise), so two points' draws are paired: the noise the expert set shares
-    between them cancels in their difference.
-  - Past its peak (the rule): the latest estimate is below the best earlier one by more than `z` sds
-    of their paired bootstrap difference and by at least `min_drop` (0.02), at `confirm` consecutive
-    watch points (default 1). One-sided, z = 2: about 2% per look on a flat family from the noise
-    alone; min_drop keeps small real turns from counting.
+    robust) where the overlap rule allows, else the direct estimate alone, held to the range of the
+    family's expert labels; its standard error is the bootstrap's sd over the expert rows. Every
+    watch point uses the same seeds (the same bootstrap rows, the same sampling seed).
+  - Past its peak (the rule): the latest estimate is below the best earlier one by more than `z`
+    combined standard errors, sqrt(se_best^2 + se_last^2), and by at least `min_drop` (0.02), at
+    `confirm` consecutive watch points (default 1). The combined se ignores that two points share
+    the expert rows (their errors correlate positively), so it overstates the noise of the
+    difference: conservative. The paired bootstrap difference was tried first and is too narrow: it
+    leaves out the fresh policy samples' noise (2 of 6 clean families fired on default-s800).
   - Gao et al. (2022): gain g(d) = d (alpha - beta log d), d = sqrt(KL), fitted by least squares
     weighted by 1 / se^2 (linear in alpha, beta); the peak d* = exp(alpha / beta - 1) when beta > 0.
 The watch never reads a label of the policy's own samples, nor the world's truth.
@@ -94,14 +95,14 @@ def gao_curve(fit: dict, d) -> np.ndarray:
 
 
 def below_best(points: list[WatchPoint], family: str, cfg: WatchConfig) -> bool:
-    """Whether the last point's estimate is below the best earlier one by > z paired sds and >= min_drop."""
+    """Whether the last point's estimate is below the best earlier one by more than z combined ses
+    (sqrt(se_best^2 + se_last^2)) and by at least min_drop."""
     last, earlier = points[-1], points[:-1]
     if not earlier:
         return False
     best = max(earlier, key=lambda p: p.estimate[family])
     drop = best.estimate[family] - last.estimate[family]
-    sd = float(np.std(best.draws[family] - last.draws[family]))
-    return drop >= cfg.min_drop and drop > cfg.z * sd
+    return drop >= cfg.min_drop and drop > cfg.z * math.hypot(best.se[family], last.se[family])
 
 
 class Watch:
@@ -128,10 +129,12 @@ class Watch:
             row, draws, _ = C.estimate_family(ev, self.ccfg, np.random.default_rng(self.cfg.seed + i))
             if row["certifiable"]:
                 pt.estimate[f], pt.method[f] = row["estimate"], "doubly_robust"
-            else:  # the same bootstrap rows as estimate_family drew, without the importance-weighted term
+            else:  # the same bootstrap rows as estimate_family drew, without the importance-weighted term;
+                # a policy far from the reference can take the calibration's line outside what a label can be
                 idx = np.random.default_rng(self.cfg.seed + i).integers(0, len(rows), (self.cfg.n_boot, len(rows)))
-                draws = O.calibration_draws(ev["scores"], ev["labels"], ev["policy_scores"], idx)[2]
-                pt.estimate[f], pt.method[f] = row["direct"], "direct"
+                lo, hi = ev["labels"].min(), ev["labels"].max()
+                draws = np.clip(O.calibration_draws(ev["scores"], ev["labels"], ev["policy_scores"], idx)[2], lo, hi)
+                pt.estimate[f], pt.method[f] = float(np.clip(row["direct"], lo, hi)), "direct"
             pt.draws[f], pt.kl[f] = draws, max(row["kl"], 0.0)
             pt.gain[f] = pt.estimate[f] - row["reference"]
         fams = list(self.families)
