@@ -90,14 +90,15 @@ def run_one(world: WorldPaths, overrides: dict, correction: str, watch_every: in
     pts = watch.points
     return {"steps": [p.step for p in pts], "estimate": [p.estimate for p in pts], "se": [p.se for p in pts],
             "kl": [p.kl for p in pts], "method": [p.method for p in pts], "fired": watch.fired,
-            "truth": [{k.split("/")[1]: v for k, v in t.items()} for t in truth],
-            "stop_best_step": stop_best(watch)}
+            "truth": [{k.split("/")[1]: v for k, v in t.items()} for t in truth]}
 
 
-def stop_best(watch: W.Watch) -> int:
-    """The step early_stop=stop would register: the best point up to the first alarm (or the end)."""
-    first = min(watch.fired.values(), default=watch.points[-1].step)
-    return W.best_step([p for p in watch.points if p.step <= first])
+def stop_best(r: dict) -> int:
+    """The step early_stop=stop would register (Watch.best_step up to the first alarm, or the end)."""
+    first = min(r["fired"].values(), default=r["steps"][-1])
+    pts = [W.WatchPoint(s, e, se, {}, kl, {}, m) for s, e, se, kl, m in
+           zip(r["steps"], r["estimate"], r["se"], r["kl"], r["method"]) if s <= first]
+    return W.best_step(pts) or r["steps"][-1]
 
 
 def family_outcome(r: dict, f: str) -> dict:
@@ -137,9 +138,9 @@ def summarise(results: dict[str, dict]) -> None:
             if np.std(e) > 0 and np.std(t) > 0:
                 within.append(float(np.corrcoef(e, t)[0, 1]))
         truth_b = {s: t["balanced"] for s, t in zip(r["steps"], r["truth"])}
-        gains.append(truth_b[r["stop_best_step"]] - r["truth"][-1]["balanced"])
-        print(f"  {name:40s} stop: best @{r['stop_best_step']} truth {truth_b[r['stop_best_step']]:.3f} "
-              f"vs end {r['truth'][-1]['balanced']:.3f}")
+        kept = stop_best(r)
+        gains.append(truth_b[kept] - r["truth"][-1]["balanced"])
+        print(f"  {name:40s} stop: kept @{kept} truth {truth_b[kept]:.3f} vs end {r['truth'][-1]['balanced']:.3f}")
     print(f"over-optimised families: {len(leads) + len(missed)} (missed {len(missed)}: {missed})")
     print(f"watch_lead_to_drop_steps: {statistics.median(to_drop) if to_drop else float('nan')} "
           "(median steps before the truth fell 0.05 below its peak)")

@@ -86,15 +86,17 @@ def compare_loops(cfg: RLConfig, repeats: int) -> dict[str, dict]:
 
 def compare_watch(cfg: RLConfig, repeats: int, every: int) -> dict[str, list[float]]:
     """Per setting (with the partner, one process): the ratio of train_rl's seconds with the watch on
-    (every `every` steps, from step 0) to without, per repeat; each pair run back to back."""
+    (every `every` steps, from step 0) to without, per repeat, each pair run back to back; and
+    (", inside") the watched run's seconds over the same run's seconds outside the watch, which a
+    drifting machine moves less."""
     from rlhf_mlflow.decisions.watch import Watch
     world = os.path.dirname(os.path.dirname(cfg.prompt_file))
     gold = D.read_jsonl(os.path.join(world, "data", "gold_calib.jsonl"), labelled=True)
     watched = replace(cfg, watch_every=every, watch_gold=os.path.join(world, "data", "gold_calib.jsonl"))
     train_rl(replace(cfg, steps=3, log_every=3))
-    out: dict[str, list[float]] = {"partner": [], "one process": []}
+    out: dict[str, list[float]] = {"partner": [], "one process": [], "partner, inside": [], "one process, inside": []}
     for r in range(repeats):
-        for name in out:
+        for name in ("partner", "one process"):
             def run(c, on_watch=None):
                 if name == "one process":
                     torch.set_num_threads(1)
@@ -103,11 +105,20 @@ def compare_watch(cfg: RLConfig, repeats: int, every: int) -> dict[str, list[flo
                 finally:
                     torch.set_num_threads(configure_threads())
             watch = Watch(M.load_policy(cfg.policy_ref)[0], R.load_rm(cfg.reward_model)[0], None, gold)
+            inside = [0.0]
+
+            def on_watch(step, policy):
+                inside[0] -= time.perf_counter()
+                watch.observe(step, policy)
+                inside[0] += time.perf_counter()
+                return "continue"
             off = run(cfg)
-            on = run(watched, lambda step, policy: watch.observe(step, policy) and "continue")
+            on = run(watched, on_watch)
             out[name].append(on / off)
+            out[name + ", inside"].append(on / (on - inside[0]))
             print(f"  run {r + 1} {name}: {cfg.steps / off:.2f} steps/s without the watch, {cfg.steps / on:.2f} with "
-                  f"({len(watch.points)} watch points): ratio {on / off:.3f}; {load()}", flush=True)
+                  f"({len(watch.points)} watch points, {inside[0]:.2f} s in them: {on / (on - inside[0]):.3f} of the "
+                  f"same run without them): ratio {on / off:.3f}; {load()}", flush=True)
     return out
 
 

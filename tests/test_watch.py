@@ -86,7 +86,7 @@ def test_watch_on_the_reference_policy_estimates_every_family(watch, tiny_world)
     pt = watch.observe(0, M.load_policy(os.path.join(tiny_world, "policy"))[0])
     assert set(pt.estimate) == set(watch.families) | {"balanced"}
     assert all(abs(pt.kl[f]) < 1e-6 for f in watch.families)  # the reference against itself
-    assert all(0 < pt.se[f] < 0.2 for f in pt.se) and pt.alarms == [] and pt.best
+    assert all(0 < pt.se[f] < 0.2 for f in pt.se) and pt.alarms == [] and not pt.best  # the reference: no candidate
 
 
 def test_a_train_rl_run_with_the_watch_logs_its_names_and_the_fit_figure(tiny_world):
