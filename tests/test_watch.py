@@ -7,6 +7,7 @@ import os
 import mlflow
 import numpy as np
 import pytest
+import torch
 from click.testing import CliRunner
 
 from rlhf_mlflow.cli import cli
@@ -125,3 +126,15 @@ def test_stop_ends_the_run_finished_at_the_peak_and_registers_the_best_checkpoin
     assert "checkpoints/watch_best" in [a.path for a in client.list_artifacts(run.info.run_id, "checkpoints")]
     version = client.get_model_version("rlhf-policy", "1")
     assert version.tags["checkpoint_step"] == "20"
+
+
+def test_the_watch_does_not_change_what_training_learns(watch, tiny_world):
+    """The watch samples with its own generator and no gradient: the same policy with it as without."""
+    from rlhf_mlflow.training.train_rl import train_rl
+    cfg = RLConfig(steps=4, batch_prompts=4, samples_per_prompt=2, log_every=2).resolved(tiny_world)
+    plain = train_rl(cfg).policy.state_dict()
+    watched_cfg = RLConfig(steps=4, batch_prompts=4, samples_per_prompt=2, log_every=2, watch_every=2,
+                           watch_gold="data/gold_calib.jsonl").resolved(tiny_world)
+    watched = train_rl(watched_cfg, on_watch=lambda step, policy: watch.observe(step, policy) and "continue")
+    assert [p.step for p in watch.points] == [0, 2, 4]
+    assert all(torch.equal(plain[k], watched.policy.state_dict()[k]) for k in plain)
