@@ -48,7 +48,7 @@ def input_hashes(cfg: RLConfig) -> dict[str, str]:
 def run_train_rl(cfg: RLConfig, world: WorldPaths | None = None, out: str | None = None,
                  run_name: str | None = None, register: bool = True,
                  echo: Callable[[str], None] = print, progress: bool | float = True, description: str | None = None,
-                 tags: dict | None = None, select: Callable[[list[tuple[int, str]]], int] | None = None,
+                 tags: dict | None = None, select: Callable[[list[tuple[int, str]]], int] | str | None = None,
                  overwrite: bool = False) -> dict:
     """Train, log and register. Returns a summary (run id, model version, final metrics).
 
