@@ -165,7 +165,8 @@ def main() -> None:
         world = WorldPaths.at(root)
         for name in args.recipes:
             correction = correction_for(world, args.out)
-            ov = dict(SEED_HISTORY[name][0]) if name in SEED_HISTORY else {**CORRECTED[name], "reward_wrapper": correction}
+            ov = dict(SEED_HISTORY[name][0]) if name in SEED_HISTORY else \
+                {**CORRECTED[name], "reward_wrapper": correction}
             key = f"{os.path.basename(root)}/{name}@{args.steps_scale:g}/w{args.watch_every}"
             path = os.path.join(args.out, key.replace("/", "_") + ".json")
             if not os.path.exists(path):
