@@ -1,12 +1,17 @@
 """train_rl speed: the seed-faithful loop vs ours, same config and seeds, in one process.
 
     python benchmarks/train_rl_speed.py [--steps 200] [--repeats 3] [--world DIR]
+    python benchmarks/train_rl_speed.py --watch-every 50 [--steps 400] [--repeats 3] [--world DIR]
 
 Runs the seed-faithful loop, ours, and ours in one process on one thread alternately (--repeats times
 each, B=16 x G=8) and prints steps/s of each (median),
 the per-step time split (sample, score, backward; mean over repeats), the load average before and
 after (the ratio is robust to a shared machine, absolute times are not), the other steps' times on the
 same world, a markdown table for the README, and last `speedup: X.XX` (ours / seed-faithful).
+With --watch-every N: train_rl without and with the over-optimisation watch every N steps (the expert
+set, the watch's defaults), alternately, as it runs (two threads: with its partner process) and held to
+one process; last `watch_slowdown: X.XX` (seconds with / without, median of the per-repeat ratios,
+the run as it runs by default).
 """
 from __future__ import annotations
 
@@ -79,6 +84,44 @@ def compare_loops(cfg: RLConfig, repeats: int) -> dict[str, dict]:
     return out
 
 
+def compare_watch(cfg: RLConfig, repeats: int, every: int) -> dict[str, list[float]]:
+    """Per setting (with the partner, one process): the ratio of train_rl's seconds with the watch on
+    (every `every` steps, from step 0) to without, per repeat, each pair run back to back; and
+    (", inside") the watched run's seconds over the same run's seconds outside the watch, which a
+    drifting machine moves less."""
+    from rlhf_mlflow.decisions.watch import Watch
+    world = os.path.dirname(os.path.dirname(cfg.prompt_file))
+    gold = D.read_jsonl(os.path.join(world, "data", "gold_calib.jsonl"), labelled=True)
+    watched = replace(cfg, watch_every=every, watch_gold=os.path.join(world, "data", "gold_calib.jsonl"))
+    train_rl(replace(cfg, steps=3, log_every=3))
+    out: dict[str, list[float]] = {"partner": [], "one process": [], "partner, inside": [], "one process, inside": []}
+    for r in range(repeats):
+        for name in ("partner", "one process"):
+            def run(c, on_watch=None):
+                if name == "one process":
+                    torch.set_num_threads(1)
+                try:
+                    return timed(lambda: train_rl(c, on_watch=on_watch))
+                finally:
+                    torch.set_num_threads(configure_threads())
+            watch = Watch(M.load_policy(cfg.policy_ref)[0], R.load_rm(cfg.reward_model)[0], None, gold)
+            inside = [0.0]
+
+            def on_watch(step, policy):
+                inside[0] -= time.perf_counter()
+                watch.observe(step, policy)
+                inside[0] += time.perf_counter()
+                return "continue"
+            off = run(cfg)
+            on = run(watched, on_watch)
+            out[name].append(on / off)
+            out[name + ", inside"].append(on / (on - inside[0]))
+            print(f"  run {r + 1} {name}: {cfg.steps / off:.2f} steps/s without the watch, {cfg.steps / on:.2f} with "
+                  f"({len(watch.points)} watch points, {inside[0]:.2f} s in them: {on / (on - inside[0]):.3f} of the "
+                  f"same run without them): ratio {on / off:.3f}; {load()}", flush=True)
+    return out
+
+
 def other_steps(world: str) -> dict[str, float | None]:
     """Seconds for dev_eval, the diagnostic, certify and a test-scale world build on `world`."""
     j = lambda *p: os.path.join(world, *p)  # noqa: E731
@@ -123,10 +166,18 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--world", default=None, help="world directory (default: the default world, built once)")
+    ap.add_argument("--watch-every", type=int, default=0, help="compare train_rl with and without the watch")
     a = ap.parse_args()
     threads = configure_threads()
     world = a.world or ensure_world("worlds", 0, None, "full", progress=print)[0]
     cfg = RLConfig(steps=a.steps, log_every=a.steps, batch_prompts=16, samples_per_prompt=8).resolved(world)
+    if a.watch_every:
+        print(f"world {world}; B=16 G=8, {a.steps} steps, watch every {a.watch_every}, {threads} threads; {load()}")
+        ratios = compare_watch(cfg, a.repeats, a.watch_every)
+        for name, rs in ratios.items():
+            print(f"{name}: with / without the watch, median {statistics.median(rs):.3f} (repeats {rs})")
+        print(f"watch_slowdown: {statistics.median(ratios['partner']):.3f}")
+        return
     print(f"world {world}; B=16 G=8, {a.steps} steps, {threads} threads, median of {a.repeats}; {load()}")
     loops = compare_loops(cfg, a.repeats)
     for name, label in LOOPS.items():

@@ -65,7 +65,7 @@ def explicit_options(ctx: click.Context, options: dict, world: WorldPaths | None
     for name, value in options.items():
         if ctx.get_parameter_source(name) == ParameterSource.DEFAULT:
             continue
-        if name in ("family_weights", "reward_wrapper", "policy_init") and value == "":
+        if name in ("family_weights", "reward_wrapper", "policy_init", "watch_gold", "watch_correction") and value == "":
             value = None
         elif name == "family_weights":
             try:

@@ -42,7 +42,7 @@ from rlhf_mlflow.core.reward_wrapper import RewardWrapper, apply_wrapper, load_w
 from rlhf_mlflow.decisions import labelled as L
 from rlhf_mlflow.decisions import ope_math as O
 from rlhf_mlflow.decisions.label_requests import check_labels
-from rlhf_mlflow.decisions.overlap import log_ratios, own_samples, support
+from rlhf_mlflow.decisions.overlap import own_samples, support
 from rlhf_mlflow.decisions.overlap import weight_support as _weight_support
 
 
@@ -94,24 +94,35 @@ class CertifyConfig:
 
 @torch.no_grad()
 def family_evidence(policy, reference, rm, wrapper, gold: list[dict], cfg: CertifyConfig,
-                    shortcuts: list[dict], gen: torch.Generator) -> dict:
-    """The arrays one family's estimates are computed from (numpy, one row per expert sample)."""
+                    shortcuts: list[dict], gen: torch.Generator, fixed: dict | None = None) -> dict:
+    """The arrays one family's estimates are computed from (numpy, one row per expert sample).
+    `fixed` (fixed_evidence of the same rows), when given, is reused and no reference samples are
+    drawn, so no shortcut is counted (the watch, every few dozen training steps)."""
     prompts, responses = D.prompts_tensor(gold), D.responses_tensor(gold)
-    lw = log_ratios(policy, reference, prompts, responses)
+    reuse, fixed = fixed is not None, fixed or fixed_evidence(reference, rm, wrapper, gold)
+    lw = (M.sequence_logprobs(policy, prompts, responses) - fixed["ref_logprobs"]).double().numpy()
     K = cfg.samples_per_prompt
-    own, ref_own, own_lw = own_samples(policy, reference, prompts, cfg, gen)
+    own, ref_own, own_lw = own_samples(policy, reference, prompts, cfg, gen, with_reference=not reuse)
     prompts_rep = prompts.repeat_interleave(K, 0)
     ev = {"log_ratios": lw, "labels": np.array([r["label"] for r in gold], float),
           "prompts": [tuple(r["attrs"]) for r in gold],
           "kl": float(own_lw.mean()), "pop_ess": O.population_ess(own_lw, len(gold)),
-          "shortcuts": _shortcut_counts(shortcuts, gold, K, own, ref_own)}
+          "shortcuts": [] if reuse else _shortcut_counts(shortcuts, gold, K, own, ref_own)}
     if rm is not None:
-        gold_scores = _scores(rm, wrapper, gold, prompts, responses)
         own_scores = _scores(rm, wrapper, [r for r in gold for _ in range(K)], prompts_rep, own)
-        ev["scores"] = gold_scores
+        ev["scores"] = fixed["scores"]
         ev["policy_scores_all"] = own_scores
         ev["policy_scores"] = own_scores.reshape(len(gold), K).mean(1)  # per expert prompt
     return ev
+
+
+@torch.no_grad()
+def fixed_evidence(reference, rm, wrapper, gold: list[dict]) -> dict:
+    """What family_evidence needs that does not depend on the policy: the reference's log-probs of
+    the expert responses and their (corrected) reward-model scores."""
+    prompts, responses = D.prompts_tensor(gold), D.responses_tensor(gold)
+    return {"ref_logprobs": M.sequence_logprobs(reference, prompts, responses),
+            "scores": None if rm is None else _scores(rm, wrapper, gold, prompts, responses)}
 
 
 def _scores(rm, wrapper, records, prompts, responses) -> np.ndarray:
@@ -152,12 +163,8 @@ def estimate_family(ev: dict, cfg: CertifyConfig, rng: np.random.Generator) -> t
         row["doubly_robust"] = O.doubly_robust(lw, y, a + b * s, row["direct"])
         row["method"] = "doubly_robust"
         point = row["doubly_robust"]
-        sb, yb = s[idx], y[idx]
-        sc = sb - sb.mean(1, keepdims=True)
-        bb = (sc * (yb - yb.mean(1, keepdims=True))).sum(1) / ((sc * sc).sum(1) + 1e-3 * n)
-        ab = yb.mean(1) - bb * sb.mean(1)
-        direct_draws = ab + bb * ps[idx].mean(1)
-        draws = direct_draws + (p * (yb - ab[:, None] - bb[:, None] * sb)).sum(1)
+        ab, bb, direct_draws = O.calibration_draws(s, y, ps, idx)
+        draws = direct_draws + (p * (y[idx] - ab[:, None] - bb[:, None] * s[idx])).sum(1)
     else:
         row["method"] = "snips"
         point = row["snips"]

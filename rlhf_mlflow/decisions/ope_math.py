@@ -114,3 +114,15 @@ def small_sample_widening(ess: float, k: float) -> float:
     if k <= 0:
         return 1.0
     return float(np.sqrt(1.0 + k / max(float(ess), 1.0)))
+
+
+def calibration_draws(scores: np.ndarray, labels: np.ndarray, policy_scores: np.ndarray, idx: np.ndarray,
+                      ridge: float = 1e-3) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per bootstrap draw of the expert rows (idx, (B, n)): the linear calibration's intercept and
+    slope refit on the drawn rows (linear_calibration, vectorised) and the direct estimate, the
+    calibrated mean of the policy's own scores on the drawn prompts (`policy_scores`, per prompt)."""
+    sb, yb = scores[idx], labels[idx]                                   # (B, n)
+    sc = sb - sb.mean(1, keepdims=True)
+    bb = (sc * (yb - yb.mean(1, keepdims=True))).sum(1) / ((sc * sc).sum(1) + ridge * len(labels))
+    ab = yb.mean(1) - bb * sb.mean(1)
+    return ab, bb, ab + bb * policy_scores[idx].mean(1)

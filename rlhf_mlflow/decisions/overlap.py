@@ -20,12 +20,13 @@ from rlhf_mlflow.core import vocab as V
 from rlhf_mlflow.decisions import ope_math as O
 
 
-def own_samples(policy, reference, prompts, cfg, gen: torch.Generator):
+def own_samples(policy, reference, prompts, cfg, gen: torch.Generator, with_reference: bool = True):
     """K samples per prompt from the policy and from the reference (in that order on `gen`: certify
-    and weight_support draw the same ones), and the log-ratios of the policy's own samples."""
+    and weight_support draw the same ones; None for the reference's without `with_reference`), and
+    the log-ratios of the policy's own samples."""
     K = cfg.samples_per_prompt
     own = rollout.sample(policy, prompts, K, cfg.temperature, gen)           # (n*K, L), grouped by prompt
-    ref_own = rollout.sample(reference, prompts, K, cfg.temperature, gen)
+    ref_own = rollout.sample(reference, prompts, K, cfg.temperature, gen) if with_reference else None
     return own, ref_own, log_ratios(policy, reference, prompts.repeat_interleave(K, 0), own)
 
 

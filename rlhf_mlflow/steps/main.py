@@ -1,8 +1,8 @@
 """The `main` step: the whole story on one world, as a parent MLflow run with a child run per step.
 
 gold-free diagnostic -> correction -> the seed's five historical recipes and two corrected candidates
-(kl 0.1/800 and kl 0.05/1200 on the corrected reward, each registered at its latest checkpoint that
-the expert set can still certify), trained side by side (main_candidates.py) -> dev_eval and certify
+(kl 0.1/800 and kl 0.05/1200 on the corrected reward, each registered at the checkpoint with the best
+balanced truth the over-optimisation watch estimates), trained side by side (main_candidates.py) -> dev_eval and certify
 of each as it finishes -> release of every candidate, in recipe order -> grade (the oracle's truth,
 never read by release) -> the champion's recipe trained on the oracle's true reward (this world's
 ceiling for that budget) -> a summary table (main_summary.py).
@@ -24,7 +24,7 @@ from rlhf_mlflow.steps.correct import run_correction
 from rlhf_mlflow.steps.dev_eval import run_dev_eval
 from rlhf_mlflow.steps.diagnostic import run_diagnostic_step
 from rlhf_mlflow.steps.grade import run_grade, run_grade_checkpoint
-from rlhf_mlflow.steps.main_candidates import CHECKPOINTS, TrainJob, train_all
+from rlhf_mlflow.steps.main_candidates import CHECKPOINTS, WATCH_EVERY, TrainJob, train_all
 from rlhf_mlflow.steps.main_labels import LabelBudget, buy_labels
 from rlhf_mlflow.steps.main_summary import summary_table
 from rlhf_mlflow.steps.release import run_release
@@ -43,14 +43,17 @@ best corrected candidate needs, within main's time."""
 CORRECTED_NOTE = "Trained on the reward model minus the fitted shortcut corrections (diagnostic -> correction)."
 
 
-def candidate_jobs(wrapper: str | None, steps_scale: float) -> list[TrainJob]:
-    """Every candidate's train_rl job, history first; corrected ones are saved at each quarter of their
-    steps and registered at the latest checkpoint the expert set can certify."""
-    jobs = [TrainJob(n, scaled(ov, steps_scale), note, {"rlhf.history": "seed"}) for n, (ov, note) in SEED_HISTORY.items()]
+def candidate_jobs(wrapper: str | None, steps_scale: float, gold: str | None = None) -> list[TrainJob]:
+    """Every candidate's train_rl job, history first; with `gold` (the expert set) each has the watch
+    on, its predictor corrected by `wrapper` (the diagnostic's correction); corrected ones are saved at
+    each quarter of their steps and registered at the watch's best checkpoint."""
+    watch = {"watch_every": WATCH_EVERY, "watch_gold": gold, "watch_correction": wrapper} if gold else {}
+    jobs = [TrainJob(n, scaled({**ov, **watch}, steps_scale), note, {"rlhf.history": "seed"})
+            for n, (ov, note) in SEED_HISTORY.items()]
     for name, ov in CORRECTED.items():
-        ov = scaled({**ov, "reward_wrapper": wrapper}, steps_scale)
+        ov = scaled({**ov, **watch, "reward_wrapper": wrapper}, steps_scale)
         ov["save_every"] = max(1, ov["steps"] // CHECKPOINTS)
-        jobs.append(TrainJob(name, ov, CORRECTED_NOTE, {"rlhf.corrected": "true"}, select_certifiable=True))
+        jobs.append(TrainJob(name, ov, CORRECTED_NOTE, {"rlhf.corrected": "true"}, select_watch_best=bool(gold)))
     return jobs
 
 
@@ -77,7 +80,7 @@ def run_main(world: WorldPaths, out_dir: str, steps_scale: float = 1.0, ceiling:
             report = run_certify(version=v, world=world, echo=echo, **inputs)["report"]
             buy_labels(v, report, world, inputs, budget, out_dir, echo, gates)
 
-        candidates = train_all(candidate_jobs(wrapper, steps_scale), world, parent.info.run_id, echo,
+        candidates = train_all(candidate_jobs(wrapper, steps_scale, world.expert_set), world, parent.info.run_id, echo,
                                on_done=evaluate)
         for s in candidates.values():  # in recipe order: each release compares with the champion so far
             run_release(s["model_version"], guardrails=guardrails, echo=echo)

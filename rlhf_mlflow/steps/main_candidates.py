@@ -1,6 +1,7 @@
 """`main`'s candidates: each recipe a train_rl run, child of main's run, trained in worker processes
-side by side; corrected candidates are registered at their latest checkpoint the expert set can
-still certify."""
+side by side, each with the over-optimisation watch on (every WATCH_EVERY steps); corrected candidates
+are registered at the watch's best checkpoint (the best estimated balanced truth among the points
+where overlap let every family's estimate be doubly robust)."""
 from __future__ import annotations
 
 import multiprocessing
@@ -10,11 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
-from rlhf_mlflow.core import model as M
-from rlhf_mlflow.core import records as D
 from rlhf_mlflow.core.process import configure_threads
 from rlhf_mlflow.core.world_paths import WorldPaths
-from rlhf_mlflow.decisions import certify as C
 from rlhf_mlflow.steps.train_rl import run_train_rl
 from rlhf_mlflow.tracking import runs as T
 from rlhf_mlflow.tracking.workers import (
@@ -25,6 +23,8 @@ from rlhf_mlflow.tracking.workers import (
 from rlhf_mlflow.training.rl_config import load_rl_config
 
 CHECKPOINTS = 4  # a corrected candidate is saved at each quarter of its steps
+WATCH_EVERY = 50
+"""main's candidates estimate their true quality per family every this many steps (train_rl's watch)."""
 
 
 @dataclass(frozen=True)
@@ -34,7 +34,7 @@ class TrainJob:
     overrides: dict
     description: str
     tags: dict
-    select_certifiable: bool = False
+    select_watch_best: bool = False
 
 
 @dataclass(frozen=True)
@@ -118,30 +118,9 @@ def _train_job(env: WorkerEnv, job: TrainJob, echo: Callable[[str], None] | None
     world = WorldPaths(env.world_root)
     say(f"train_rl {job.name} (kl {job.overrides['kl_coef']:g}, {job.overrides['steps']} steps)")
     cfg = load_rl_config(world.config, job.overrides)
-    select = latest_certifiable(world, say) if job.select_certifiable else None
+    select = "watch_best" if job.select_watch_best else None
     summary = run_train_rl(cfg, world=world, run_name=job.name, description=job.description,
                            tags={**job.tags, "mlflow.parentRunId": env.parent_run_id},
                            echo=lambda m: None, progress=PROGRESS_EVERY, select=select)
     say(f"  {job.name}: {cfg.steps} steps in {summary['seconds']:.0f} s")
     return job.name, summary, lines
-
-
-def latest_certifiable(world: WorldPaths, echo: Callable[[str], None]) -> Callable[[list[tuple[int, str]]], int]:
-    """A checkpoint chooser for run_train_rl: the latest checkpoint whose every family the expert set
-    can still certify (certify.weight_support: ESS and weight tail on the expert responses, population
-    ESS from the policy's own samples; labels are not read, so the choice does not bias the certified
-    estimate); the final one when none can be."""
-    reference = M.load_policy(world.policy)[0]
-    gold = D.read_jsonl(world.expert_set, labelled=True)
-
-    def select(saved: list[tuple[int, str]]) -> int:
-        for step, path in reversed(saved):
-            support = C.weight_support(M.load_policy(path)[0], reference, gold)
-            short = {f: r["reason"] for f, r in support.items() if not r["certifiable"]}
-            if not short:
-                echo(f"  registering step {step}: every family certifiable")
-                return step
-            echo(f"  step {step} not certifiable in " + "; ".join(f"{f} ({why.split(';')[0]})" for f, why in short.items()))
-        echo("  no checkpoint certifiable: registering the final one")
-        return saved[-1][0]
-    return select

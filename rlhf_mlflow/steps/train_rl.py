@@ -24,6 +24,7 @@ from rlhf_mlflow.core.errors import InputError
 from rlhf_mlflow.core.process import process_state, quiet
 from rlhf_mlflow.core.reward_wrapper import load_wrapper
 from rlhf_mlflow.core.world_paths import WorldPaths
+from rlhf_mlflow.steps.train_rl_watch import RunWatch
 from rlhf_mlflow.tracking import metric_names as MN
 from rlhf_mlflow.tracking import runs as T
 from rlhf_mlflow.tracking.policy_model import log_policy
@@ -47,7 +48,7 @@ def input_hashes(cfg: RLConfig) -> dict[str, str]:
 def run_train_rl(cfg: RLConfig, world: WorldPaths | None = None, out: str | None = None,
                  run_name: str | None = None, register: bool = True,
                  echo: Callable[[str], None] = print, progress: bool | float = True, description: str | None = None,
-                 tags: dict | None = None, select: Callable[[list[tuple[int, str]]], int] | None = None,
+                 tags: dict | None = None, select: Callable[[list[tuple[int, str]]], int] | str | None = None,
                  overwrite: bool = False) -> dict:
     """Train, log and register. Returns a summary (run id, model version, final metrics).
 
@@ -55,6 +56,8 @@ def run_train_rl(cfg: RLConfig, world: WorldPaths | None = None, out: str | None
     hold only this run's files (its marker .rlhf_run.json), unless `overwrite` deletes what it holds.
     `select`, given the checkpoints as (step, directory) in step order (the final one last), returns
     the step whose policy is registered (default: the final one); the version is tagged with it.
+    `select="watch_best"` (or early_stop=stop) registers the watch's best checkpoint instead (the best
+    estimated balanced truth, train_rl_watch.py; needs watch_every > 0).
     `progress`: True, a bar on a terminal; a number, a line every that many seconds; False, nothing.
     """
     recipe = run_name or f"kl{cfg.kl_coef:g}-s{cfg.steps}"
@@ -182,9 +185,10 @@ def _train(job: Job, out: str | None, register: bool, echo: Callable[[str], None
             T.log_artifact(path, f"checkpoints/step_{step}")
             saved.append((step, path))
 
+        watch = RunWatch(cfg, logger, tmp) if cfg.watch_every else None
         try:
             result = train_rl(cfg, on_log=on_log, on_checkpoint=on_checkpoint, wrapper=job.wrapper,
-                              prompts=job.prompts, resume=resume)
+                              prompts=job.prompts, resume=resume, on_watch=watch)
         finally:  # the curves up to a failure are kept
             logger.flush()
             bar(None, None)
@@ -196,16 +200,34 @@ def _train(job: Job, out: str | None, register: bool, echo: Callable[[str], None
                                 "".join(json.dumps({"step": step, **m}) + "\n" for step, m in result.history))
         from rlhf_mlflow.steps.figures import family_curves
         T.log_figure(family_curves(result.history), "figures/family_curves.png")
-        summary = {"run_id": run_id, "recipe": job.recipe, "seconds": round(result.seconds, 1),
+        last = cfg.steps if result.stopped_at is None else result.stopped_at
+        summary = {"run_id": run_id, "recipe": job.recipe, "seconds": round(result.seconds, 1), "last_step": last,
                    **{k: v for k, v in result.history[-1][1].items() if k.endswith("/balanced")}}
+        if watch is not None:
+            watch.finish()
+            summary["watch_best_step"] = watch.best[0] if watch.best else None
         if register:
-            summary.update(_register(job, saved + [(cfg.steps, ckpt_root)], select, echo))
+            summary.update(_register(job, _checkpoints(saved, watch, last, ckpt_root), last,
+                                     _watch_select(job, watch, select), echo))
     return summary
 
 
-def _register(job: Job, saved: list[tuple[int, str]], select, echo: Callable[[str], None]) -> dict:
+def _checkpoints(saved: list[tuple[int, str]], watch, last: int, final: str) -> list[tuple[int, str]]:
+    """Every checkpoint as (step, directory) in step order, the watch's best among them, the final last."""
+    best = [watch.best] if watch is not None and watch.best and watch.best[0] not in dict(saved) else []
+    return sorted(saved + best, key=lambda c: c[0]) + [(last, final)]
+
+
+def _watch_select(job: Job, watch, select):
+    """Under early_stop=stop or `select="watch_best"`, the watch's best checkpoint; else `select`."""
+    if watch is not None and watch.best and (select == "watch_best" or job.cfg.early_stop == "stop"):
+        return lambda saved: watch.best[0]
+    return None if select == "watch_best" else select
+
+
+def _register(job: Job, saved: list[tuple[int, str]], last: int, select, echo: Callable[[str], None]) -> dict:
     """Register the checkpoint `select` picks (the final one by default) as a new version."""
-    step = job.cfg.steps if select is None else select(saved)
+    step = last if select is None else select(saved)
     T.set_tags({"rlhf.registered_step": str(step)})
     version_tags = {"run_id": job.run_id, "recipe": job.recipe, "world_hash": job.world_hash,
                     "checkpoint_step": str(step)}

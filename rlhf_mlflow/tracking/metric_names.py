@@ -6,6 +6,10 @@ from __future__ import annotations
 
 TRAIN = "train/"
 """train_rl: the training batch, per logged step (proxy, kl, kl_k3, entropy, reward, shaped, ...)."""
+WATCH = "watch/"
+"""train_rl with its watch on: each family's true quality estimated from the expert set on the training
+step axis (`watch/<family>`, `watch/se/<family>`), the Gao fits (`watch/gao_alpha/<family>`,
+`watch/gao_beta/<family>`, `watch/gao_peak_kl/<family>`) and `watch/past_peak/<family>` (0/1)."""
 DEV = "dev/"
 """dev_eval: the dev prompts, sampled from the policy (proxy, kl, the reward model against the expert set)."""
 CERTIFY = "certify/"

@@ -14,7 +14,9 @@ from rlhf_mlflow.core import records as D
 from rlhf_mlflow.core.config import check_range, from_dict, parse_override
 from rlhf_mlflow.core.errors import InputError, read_json
 
-PATH_KEYS = ("policy_init", "policy_ref", "reward_model", "prompt_file", "reward_wrapper")
+PATH_KEYS = ("policy_init", "policy_ref", "reward_model", "prompt_file", "reward_wrapper", "watch_gold",
+             "watch_correction")
+EARLY_STOP = ("off", "warn", "stop")
 
 
 @dataclass(frozen=True)
@@ -51,6 +53,14 @@ class RLConfig:
     """Python file defining transform(records, response_tokens, rewards) -> rewards, applied before the KL term."""
     max_grad_norm: float = 1.0
     """Gradient-norm clip."""
+    watch_every: int = 0
+    """Estimate each family's true quality from the expert set every this many steps (0: no watch)."""
+    watch_gold: str | None = None
+    """The watch's expert set (labelled reference samples, JSONL); required when watch_every > 0."""
+    watch_correction: str | None = None
+    """Reward wrapper applied to the reward model in the watch's estimates (default: reward_wrapper)."""
+    early_stop: str = "warn"
+    """When the watch finds a family past its peak: off (nothing), warn (tag the run), stop (end there)."""
 
     def __post_init__(self):
         check_range("kl_coef", self.kl_coef, 0, None)
@@ -66,6 +76,12 @@ class RLConfig:
             raise InputError("samples_per_prompt must be an integer >= 2: the group-mean baseline compares "
                              f"samples of the same prompt, got {self.samples_per_prompt!r}")
         D.check_family_weights(self.family_weights)
+        check_range("watch_every", self.watch_every, 0, None, integer=True)
+        if self.watch_every and not self.watch_gold:
+            raise InputError(f"watch_every={self.watch_every} needs watch_gold, the expert set the watch "
+                             "estimates from (a world's data/gold_calib.jsonl)")
+        if self.early_stop not in EARLY_STOP:
+            raise InputError(f"early_stop must be one of {', '.join(EARLY_STOP)}, got {self.early_stop!r}")
 
     def resolved(self, root: str) -> "RLConfig":
         """Relative paths made absolute against `root`; policy_init defaults to policy_ref."""

@@ -37,6 +37,8 @@ class RLResult:
     policy_config: dict
     history: list[tuple[int, dict]] = field(default_factory=list)
     seconds: float = 0.0
+    stopped_at: int | None = None
+    """The step an `on_watch` callback stopped the run at (None: it ran all its steps)."""
 
 
 METRICS = ["proxy", "reward", "shaped", "kl", "kl_k3", "entropy"]
@@ -134,6 +136,18 @@ def _report(step: int, n: int, steps_run: int, seconds: float, acc: FamilyAccumu
     return metrics
 
 
+def _watcher(cfg: RLConfig, on_watch: OnWatch | None, policy: M.Policy) -> Callable[[int], bool]:
+    """step -> whether the watch says stop (never without a watch)."""
+    def watch(step: int) -> bool:
+        if on_watch is None or not cfg.watch_every:
+            return False
+        verdict = on_watch(step, policy)
+        if verdict not in ("continue", "stop"):
+            raise ValueError(f"on_watch returned {verdict!r}; expected 'continue' or 'stop'")
+        return verdict == "stop"
+    return watch
+
+
 @dataclass(frozen=True)
 class Resume:
     """Where a resumed run starts: a checkpoint's policy directory and its training state."""
@@ -142,12 +156,16 @@ class Resume:
 
 
 OnCheckpoint = Callable[[int, M.Policy, TrainState], None]
+OnWatch = Callable[[int, M.Policy], str]
+"""`on_watch(step, policy)` -> "continue" or "stop": called before the first step and every
+`watch_every` steps after it; "stop" ends the run there."""
 
 
 def train_rl(cfg: RLConfig, on_log: Callable[[int, dict], None] | None = None,
              on_checkpoint: OnCheckpoint | None = None,
              wrapper: Transform | None = None, timings: dict | None = None,
-             prompts: list[dict] | None = None, resume: Resume | None = None) -> RLResult:
+             prompts: list[dict] | None = None, resume: Resume | None = None,
+             on_watch: OnWatch | None = None) -> RLResult:
     """Run the RL loop on a resolved config (absolute paths). Returns the trained policy and history.
 
     `wrapper` (a loaded RewardWrapper or any transform) and `prompts` (validated prompt records), when
@@ -155,11 +173,10 @@ def train_rl(cfg: RLConfig, on_log: Callable[[int, dict], None] | None = None,
     `on_checkpoint(step, policy, state)` is called every `save_every` steps with what a later `resume`
     needs; resumed from such a checkpoint, the run continues as if it had never stopped.
     `timings`, when given, accumulates seconds spent sampling, scoring (reward, log-probs, KL) and in
-    backward + optimiser step.
+    backward + optimiser step. `on_watch` (see OnWatch) runs every cfg.watch_every steps when that is > 0.
     """
-    clock = {} if timings is None else timings
-    for k in ("sample", "score", "backward"):
-        clock.setdefault(k, 0.0)
+    clock = timings if timings is not None else {}
+    clock.update({k: clock.get(k, 0.0) for k in ("sample", "score", "backward")})
     torch.manual_seed(cfg.seed)
     rng = torch.Generator().manual_seed(cfg.seed + 1)
     policy, pcfg = M.load_policy(resume.policy_dir if resume else (cfg.policy_init or cfg.policy_ref))
@@ -171,32 +188,36 @@ def train_rl(cfg: RLConfig, on_log: Callable[[int, dict], None] | None = None,
         scalars, result.history = restore(resume.state, opt, rng, acc)
         start = resume.state.step
     t_start = t_window = time.perf_counter()
-    window_from = start
-    frozen, wrap = Frozen.load(cfg), wrapper or load_wrapper(cfg.reward_wrapper)
+    window_from, frozen, wrap = start, Frozen.load(cfg), wrapper or load_wrapper(cfg.reward_wrapper)
     # with two cores, a partner process samples half of each batch and runs the reward model
     with contextlib.ExitStack() as stack:
-        partner = None
-        if available(torch.get_num_threads(), cfg.batch_prompts):
-            partner = stack.enter_context(Partner(policy, frozen.rm, frozen.rm_table, cfg.batch_prompts,
-                                                  cfg.samples_per_prompt, cfg.temperature))
+        partner = stack.enter_context(Partner(policy, frozen.rm, frozen.rm_table, cfg.batch_prompts,
+                                              cfg.samples_per_prompt, cfg.temperature)) \
+            if available(torch.get_num_threads(), cfg.batch_prompts) else None
         learner = Learner(cfg, policy, frozen, opt, rng, wrap, partner)
+        watch = _watcher(cfg, on_watch, policy)
+        if start == 0:
+            watch(0)  # the reference's point: nothing to stop yet
         for step in range(start + 1, cfg.steps + 1):
             records, prompts = sampler.sample(cfg.batch_prompts, rng)
             stats, responses, loss, grad_norm = learner.step(records, prompts, clock)
             acc.add(family_of(prompts).repeat_interleave(cfg.samples_per_prompt), stats, responses)
             scalars["loss"] += loss
             scalars["grad_norm"] += grad_norm
-            if step % cfg.log_every == 0 or step == cfg.steps:
-                n = cfg.log_every if step % cfg.log_every == 0 else step % cfg.log_every
-                seconds = time.perf_counter() - t_window
+            stop = bool(cfg.watch_every) and step % cfg.watch_every == 0 and watch(step)
+            if step % cfg.log_every == 0 or step == cfg.steps or stop:
+                n, seconds = step % cfg.log_every or cfg.log_every, time.perf_counter() - t_window
                 result.history.append((step, _report(step, n, step - window_from, seconds, acc, scalars)))
                 if on_log is not None:
                     on_log(*result.history[-1])
                 acc.reset()
                 scalars = dict.fromkeys(scalars, 0.0)
                 t_window, window_from = time.perf_counter(), step
-            if cfg.save_every and step % cfg.save_every == 0 and step != cfg.steps and on_checkpoint is not None:
+            if cfg.save_every and step % cfg.save_every == 0 and step != cfg.steps and not stop and on_checkpoint:
                 on_checkpoint(step, policy, capture(step, opt, rng, acc, scalars, result.history))
+            if stop:
+                result.stopped_at = step
+                break
     policy.eval()
     result.seconds = time.perf_counter() - t_start
     return result

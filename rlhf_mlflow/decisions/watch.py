@@ -1,0 +1,192 @@
+"""The over-optimisation watch: during training, each family's true quality estimated from the expert
+set (certify's estimator, not a copy), the Gao-form fit of its gain against sqrt(KL), and the rule that
+says a family is past its peak.
+
+Every `watch_every` steps, per family with expert rows:
+  - certify.family_evidence + estimate_family on the current policy: the calibrated, corrected reward
+    model on the policy's own samples plus the importance-weighted calibration residuals (doubly
+    robust) where the overlap rule allows, else the direct estimate alone, held above the family's
+    lowest expert label; its standard error is the bootstrap's sd over the expert rows. Every
+    watch point uses the same seeds (the same bootstrap rows, the same sampling seed).
+  - Past its peak (the rule): the latest estimate is below the best earlier one by more than `z`
+    combined standard errors, sqrt(se_best^2 + se_last^2), and by at least `min_drop` (0.02), at
+    `confirm` consecutive watch points (default 1). The combined se ignores that two points share
+    the expert rows (their errors correlate positively), so it overstates the noise of the
+    difference: conservative. The paired bootstrap difference was tried first and is too narrow: it
+    leaves out the fresh policy samples' noise (2 of 6 clean families fired on default-s800).
+  - Gao et al. (2022): gain g(d) = d (alpha - beta log d), d = sqrt(KL), fitted by least squares
+    weighted by 1 / se^2 (linear in alpha, beta); the peak d* = exp(alpha / beta - 1) when beta > 0.
+The watch never reads a label of the policy's own samples, nor the world's truth.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from rlhf_mlflow.core import records as D
+from rlhf_mlflow.core import vocab as V
+from rlhf_mlflow.core.config import check_range
+from rlhf_mlflow.decisions import certify as C
+from rlhf_mlflow.decisions import ope_math as O
+
+
+@dataclass(frozen=True)
+class WatchConfig:
+    samples_per_prompt: int = 1
+    """Policy samples per expert prompt (certify uses 8; at 1 the watch costs ~0.2-0.3 s a point on the
+    default world, under 10% of 50 training steps; at 2, 0.3-0.4 s)."""
+    n_boot: int = 200
+    """Bootstrap resamples of the expert rows."""
+    z: float = 2.0
+    """A drop counts when it exceeds this many sds of the paired bootstrap difference."""
+    min_drop: float = 0.02
+    """... and is at least this large (true-quality units): smaller turns are not worth a warning."""
+    confirm: int = 1
+    """Consecutive watch points a drop must hold at before the family is past its peak (1: the first;
+    on the default world the truth of dune and ember falls within 30 steps, so waiting costs a watch)."""
+    seed: int = 0
+    """Seed of the policy samples and the bootstrap (the same at every watch point)."""
+
+    def __post_init__(self):
+        check_range("samples_per_prompt", self.samples_per_prompt, 1, integer=True)
+        check_range("n_boot", self.n_boot, 100, integer=True)
+        check_range("z", self.z, 0)
+        check_range("min_drop", self.min_drop, 0)
+        check_range("confirm", self.confirm, 1, integer=True)
+
+
+@dataclass
+class WatchPoint:
+    """One watch point: per family (and `balanced`) the estimate, its se and bootstrap draws, the KL,
+    the gain over the reference; which families passed their peak here."""
+    step: int
+    estimate: dict[str, float]
+    se: dict[str, float]
+    draws: dict[str, np.ndarray]
+    kl: dict[str, float]
+    gain: dict[str, float]
+    method: dict[str, str]
+    alarms: list[str] = field(default_factory=list)
+    best: bool = False
+    """Whether this point is the best trained one so far (Watch.best_step)."""
+
+
+def gao_fit(d, gain, se) -> dict:
+    """Weighted least squares of gain = d (alpha - beta log d); peak_d = exp(alpha/beta - 1) and
+    peak_kl = peak_d^2 when beta > 0 (else None: no peak in the fitted form)."""
+    d, gain, se = (np.asarray(x, float) for x in (d, gain, se))
+    keep = d > 0
+    d, gain, w = d[keep], gain[keep], 1.0 / np.maximum(se[keep], 1e-6)  # sqrt of the weights 1/se^2
+    if len(d) < 2:
+        return {"alpha": None, "beta": None, "peak_d": None, "peak_kl": None}
+    X = np.stack([d, -d * np.log(d)], 1)                                # (n, 2)
+    (alpha, beta), *_ = np.linalg.lstsq(X * w[:, None], gain * w, rcond=None)
+    peak = math.exp(min(alpha / beta - 1, 50.0)) if beta > 0 else None
+    return {"alpha": float(alpha), "beta": float(beta), "peak_d": peak,
+            "peak_kl": None if peak is None else peak * peak}
+
+
+def gao_curve(fit: dict, d) -> np.ndarray:
+    d = np.asarray(d, float)
+    safe = np.where(d > 0, d, 1.0)
+    return np.where(d > 0, d * (fit["alpha"] - fit["beta"] * np.log(safe)), 0.0)
+
+
+def below_best(points: list[WatchPoint], family: str, cfg: WatchConfig) -> bool:
+    """Whether the last point's estimate is below the best earlier one by more than z combined ses
+    (sqrt(se_best^2 + se_last^2)) and by at least min_drop."""
+    last, earlier = points[-1], points[:-1]
+    if not earlier:
+        return False
+    best = max(earlier, key=lambda p: p.estimate[family])
+    drop = best.estimate[family] - last.estimate[family]
+    return drop >= cfg.min_drop and drop > cfg.z * math.hypot(best.se[family], last.se[family])
+
+
+class Watch:
+    """Estimates at each call, remembers the points, says which families passed their peak."""
+
+    def __init__(self, reference, rm, wrapper, gold: list[dict], cfg: WatchConfig = WatchConfig()):
+        self.reference, self.rm, self.wrapper, self.cfg = reference, rm, wrapper, cfg
+        by_family = D.group_by_family(gold)
+        self.families = {f: by_family[f] for f in V.FAMILIES if f in by_family}
+        self.fixed = {f: C.fixed_evidence(reference, rm, wrapper, rows) for f, rows in self.families.items()}
+        self.ccfg = C.CertifyConfig(samples_per_prompt=cfg.samples_per_prompt, n_boot=cfg.n_boot, seed=cfg.seed)
+        self.points: list[WatchPoint] = []
+        self.fired: dict[str, int] = {}
+        self._streak = dict.fromkeys(self.families, 0)
+
+    @torch.no_grad()
+    def estimate(self, step: int, policy) -> WatchPoint:
+        """Every family's estimate of the policy's true quality (no state changed)."""
+        gen = torch.Generator().manual_seed(self.cfg.seed)
+        pt = WatchPoint(step, {}, {}, {}, {}, {}, {})
+        for i, (f, rows) in enumerate(self.families.items()):
+            ev = C.family_evidence(policy, self.reference, self.rm, self.wrapper, rows, self.ccfg, [], gen,
+                                   self.fixed[f])
+            row, draws, _ = C.estimate_family(ev, self.ccfg, np.random.default_rng(self.cfg.seed + i))
+            if row["certifiable"]:
+                pt.estimate[f], pt.method[f] = row["estimate"], "doubly_robust"
+            else:  # the same bootstrap rows as estimate_family drew, without the importance-weighted term;
+                # a correction subtracts a premium per shortcut occurrence, which on a policy that repeats
+                # the shortcut takes the calibrated line below any label: held to the lowest label
+                idx = np.random.default_rng(self.cfg.seed + i).integers(0, len(rows), (self.cfg.n_boot, len(rows)))
+                lo = ev["labels"].min()
+                draws = np.maximum(O.calibration_draws(ev["scores"], ev["labels"], ev["policy_scores"], idx)[2], lo)
+                pt.estimate[f], pt.method[f] = max(float(row["direct"]), lo), "direct"
+            pt.draws[f], pt.kl[f] = draws, max(row["kl"], 0.0)
+            pt.gain[f] = pt.estimate[f] - row["reference"]
+        fams = list(self.families)
+        pt.estimate["balanced"] = float(np.mean([pt.estimate[f] for f in fams]))
+        pt.draws["balanced"] = np.mean([pt.draws[f] for f in fams], 0)
+        pt.kl["balanced"] = float(np.mean([pt.kl[f] for f in fams]))
+        pt.gain["balanced"] = float(np.mean([pt.gain[f] for f in fams]))
+        pt.se = {k: float(np.std(v)) for k, v in pt.draws.items()}
+        return pt
+
+    def observe(self, step: int, policy) -> WatchPoint:
+        """Estimate, remember, and mark the families that pass their peak at this point."""
+        return self.add(self.estimate(step, policy))
+
+    def add(self, pt: WatchPoint) -> WatchPoint:
+        """Remember a point (estimated here, or given: a test's synthetic sequence) and apply the rule."""
+        self.points.append(pt)
+        for f in self.families:
+            self._streak[f] = self._streak[f] + 1 if below_best(self.points, f, self.cfg) else 0
+            if self._streak[f] >= self.cfg.confirm and f not in self.fired:
+                self.fired[f] = pt.step
+                pt.alarms.append(f)
+        pt.best = self.best_step() == pt.step
+        return pt
+
+    def fits(self) -> dict[str, dict]:
+        """Each family's Gao fit over the points so far."""
+        return {f: gao_fit([math.sqrt(p.kl[f]) for p in self.points], [p.gain[f] for p in self.points],
+                           [p.se[f] for p in self.points]) for f in self.families}
+
+    def metrics(self, pt: WatchPoint) -> dict[str, float]:
+        """A point's names under watch/ (without the prefix): estimates, ses, fits, past-peak flags."""
+        out = {**pt.estimate, **{f"se/{k}": v for k, v in pt.se.items()}}
+        for f, fit in self.fits().items():
+            for k in ("alpha", "beta", "peak_kl"):
+                if fit[k] is not None:
+                    out[f"gao_{k}/{f}"] = fit[k]
+            out[f"past_peak/{f}"] = float(f in self.fired)
+        return out
+
+    def best_step(self) -> int | None:
+        """The step of the trained point (step > 0: the reference is what training is measured
+        against, not a candidate) with the best balanced estimate, among the points where overlap let
+        every family's estimate be doubly robust (a checkpoint certify could give a number), else
+        among all; the first such; None before a trained point."""
+        return best_step(self.points)
+
+
+def best_step(points: list[WatchPoint]) -> int | None:
+    """Watch.best_step of these points (a benchmark asks it of the points before an alarm)."""
+    trained = [p for p in points if p.step > 0]
+    dr = [p for p in trained if all(m == "doubly_robust" for m in p.method.values())]
+    return max(dr or trained, key=lambda p: p.estimate["balanced"]).step if trained else None

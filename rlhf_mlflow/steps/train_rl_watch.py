@@ -1,0 +1,66 @@
+"""The over-optimisation watch (decisions/watch.py) as train_rl's `on_watch` callback, inside the run:
+it logs `watch/...` on the training step axis, tags the run when a family passes its peak
+(`rlhf.watch.past_peak`), keeps the checkpoint with the best estimated balanced truth, stops the run
+under early_stop=stop, and draws the Gao fits figure at the end."""
+from __future__ import annotations
+
+import logging
+import math
+import os
+
+from rlhf_mlflow.core import files as F
+from rlhf_mlflow.core import model as M
+from rlhf_mlflow.core import records as D
+from rlhf_mlflow.core import reward_model as R
+from rlhf_mlflow.core.reward_wrapper import load_wrapper
+from rlhf_mlflow.decisions import watch as W
+from rlhf_mlflow.tracking import metric_names as MN
+from rlhf_mlflow.tracking import runs as T
+from rlhf_mlflow.training.rl_config import RLConfig
+
+log = logging.getLogger(__name__)
+FIGURE = "figures/gao_fits.png"
+
+
+class RunWatch:
+    """`on_watch(step, policy)` for one train_rl run; `best` is (step, checkpoint directory) once a
+    point was best so far."""
+
+    def __init__(self, cfg: RLConfig, logger, ckpt_dir: str, watch_cfg: W.WatchConfig = W.WatchConfig()):
+        reference = M.load_policy(cfg.policy_ref)[0]
+        rm = R.load_rm(cfg.reward_model)[0]
+        wrapper = load_wrapper(cfg.watch_correction or cfg.reward_wrapper)
+        gold = D.read_jsonl(cfg.watch_gold, labelled=True)
+        self.cfg, self.logger, self.best_dir = cfg, logger, os.path.join(ckpt_dir, "watch_best")
+        self.watch = W.Watch(reference, rm, wrapper, gold, watch_cfg)
+        self.best: tuple[int, str] | None = None
+
+    def __call__(self, step: int, policy: M.Policy) -> str:
+        pt = self.watch.observe(step, policy)
+        self.logger(step, MN.prefixed(MN.WATCH, self.watch.metrics(pt)))
+        if pt.best:  # the policy and its step replace the earlier best together
+            with F.atomic_dir(self.best_dir) as staging:
+                M.save_policy(policy, policy.cfg, staging)
+            self.best = (step, self.best_dir)
+        if not pt.alarms or self.cfg.early_stop == "off":
+            return "continue"
+        fired = ", ".join(f"{f}@{s}" for f, s in self.watch.fired.items())
+        T.set_tags({"rlhf.watch.past_peak": fired})
+        log.warning("step %d: %s past its peak by the watch's estimate (%s)", step, ", ".join(pt.alarms), fired)
+        if self.cfg.early_stop == "stop":
+            T.set_tags({"rlhf.watch.stopped": f"step {step}: {', '.join(pt.alarms)} past its peak; "
+                                              f"best estimated balanced truth at step {self.best[0]}"})
+            return "stop"
+        return "continue"
+
+    def finish(self) -> None:
+        """The fits figure and the best checkpoint as artifacts (after training, in the run)."""
+        if not self.watch.points:
+            return
+        from rlhf_mlflow.steps.figures import gao_fits
+        pts = [{"step": p.step, "d": {f: math.sqrt(v) for f, v in p.kl.items()}, "gain": p.gain, "se": p.se}
+               for p in self.watch.points]
+        T.log_figure(gao_fits(pts, self.watch.fits(), self.watch.fired), FIGURE)
+        if self.best is not None:
+            T.set_tags({"rlhf.watch.best_step": str(self.best[0])})
+            T.log_artifact(self.best[1], "checkpoints/watch_best")

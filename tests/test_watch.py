@@ -1,0 +1,143 @@
+"""The over-optimisation watch: its config keys, the Gao fit, the past-peak rule, and a train_rl run
+that logs the watch's names, warns, or stops at the peak and keeps the best checkpoint."""
+from __future__ import annotations
+
+import os
+
+import mlflow
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+
+from rlhf_mlflow.cli import cli
+from rlhf_mlflow.core import model as M
+from rlhf_mlflow.core import records as D
+from rlhf_mlflow.core import reward_model as R
+from rlhf_mlflow.core import vocab as V
+from rlhf_mlflow.core.errors import InputError
+from rlhf_mlflow.decisions import watch as W
+from rlhf_mlflow.training.rl_config import RLConfig
+
+
+def _run(*args):
+    return CliRunner().invoke(cli, [str(a) for a in args], catch_exceptions=False)
+
+
+def _train_run():
+    (run,) = mlflow.search_runs(search_all_experiments=True, filter_string="tags.`rlhf.step` = 'train_rl'",
+                                output_format="list")
+    return run
+
+
+def test_watch_config_errors_name_the_key_and_the_choices():
+    with pytest.raises(InputError, match="watch_every=50 needs watch_gold"):
+        RLConfig(watch_every=50)
+    with pytest.raises(InputError, match="watch_every must be an integer"):
+        RLConfig(watch_every=-1, watch_gold="g.jsonl")
+    with pytest.raises(InputError, match="early_stop must be one of off, warn, stop, got 'halt'"):
+        RLConfig(early_stop="halt")
+    assert RLConfig(watch_every=50, watch_gold="data/gold_calib.jsonl").resolved("/w").watch_gold == \
+        "/w/data/gold_calib.jsonl"
+
+
+def test_gao_fit_recovers_alpha_and_beta_and_its_peak():
+    d = np.linspace(0.2, 3.0, 12)
+    gain = d * (0.3 - 0.2 * np.log(d))
+    fit = W.gao_fit(d, gain, np.full_like(d, 0.01))
+    assert fit["alpha"] == pytest.approx(0.3, abs=1e-9) and fit["beta"] == pytest.approx(0.2, abs=1e-9)
+    assert fit["peak_d"] == pytest.approx(np.exp(0.3 / 0.2 - 1)) and fit["peak_kl"] == pytest.approx(fit["peak_d"] ** 2)
+    noisy = W.gao_fit(d, gain + np.random.default_rng(0).normal(0, 0.005, len(d)), np.full_like(d, 0.005))
+    assert noisy["alpha"] == pytest.approx(0.3, abs=0.02) and noisy["beta"] == pytest.approx(0.2, abs=0.02)
+    assert np.allclose(W.gao_curve(fit, d), gain)
+
+
+def test_gao_fit_reports_no_peak_when_the_gain_never_turns():
+    d = np.linspace(0.2, 3.0, 12)
+    rising = W.gao_fit(d, 0.1 * d + 0.05 * d * np.log(d), np.full_like(d, 0.01))  # beta = -0.05
+    assert rising["beta"] < 0 and rising["peak_d"] is None and rising["peak_kl"] is None
+    assert W.gao_fit([0.0, 0.5], [0.0, 0.1], [0.01, 0.01])["alpha"] is None  # one point with d > 0: no fit
+
+
+def _point(step, values: dict[str, float], noise: float = 0.01) -> W.WatchPoint:
+    """A synthetic watch point: every point's draws share the same noise (paired, as the watch's are)."""
+    z = np.random.default_rng(0).normal(0, 1, 200)
+    fams = {**values, "balanced": float(np.mean(list(values.values())))}
+    return W.WatchPoint(step, dict(fams), {f: noise for f in fams}, {f: v + noise * z for f, v in fams.items()},
+                        {f: step / 100 for f in fams}, dict(fams), {f: "doubly_robust" for f in values})
+
+
+@pytest.fixture
+def watch(tiny_world):
+    w = os.path.join(tiny_world, "")
+    gold = D.read_jsonl(w + "data/gold_calib.jsonl", labelled=True)
+    return W.Watch(M.load_policy(w + "policy")[0], R.load_rm(w + "reward_model")[0], None, gold)
+
+
+def test_the_rule_fires_on_a_real_drop_once_and_not_on_a_flat_or_rising_family(watch):
+    fams = list(watch.families)
+    other = {f: 0.3 for f in fams[1:]}
+    for step, first in ((0, 0.30), (10, 0.36), (20, 0.35), (30, 0.30), (40, 0.20)):
+        pt = watch.add(_point(step, {fams[0]: first, **other}))
+        assert pt.alarms == ([fams[0]] if step == 30 else [])  # 0.01 below the best is noise; 0.06 is not
+    assert watch.fired == {fams[0]: 30}
+    assert watch.best_step() == 10
+
+
+def test_watch_on_the_reference_policy_estimates_every_family(watch, tiny_world):
+    pt = watch.observe(0, M.load_policy(os.path.join(tiny_world, "policy"))[0])
+    assert set(pt.estimate) == set(watch.families) | {"balanced"}
+    assert all(abs(pt.kl[f]) < 1e-6 for f in watch.families)  # the reference against itself
+    assert all(0 < pt.se[f] < 0.2 for f in pt.se) and pt.alarms == [] and not pt.best  # the reference: no candidate
+
+
+def test_a_train_rl_run_with_the_watch_logs_its_names_and_the_fit_figure(tiny_world):
+    res = _run("train-rl", "--world", tiny_world, "--steps", 20, "--batch-prompts", 4, "--log-every", 10,
+               "--watch-every", 10, "--watch-gold", "data/gold_calib.jsonl", "--no-register")
+    assert res.exit_code == 0, res.output
+    run = _train_run()
+    client = mlflow.MlflowClient()
+    for name in ("watch/dune", "watch/balanced", "watch/se/dune", "watch/se/balanced", "watch/past_peak/dune"):
+        assert [m.step for m in client.get_metric_history(run.info.run_id, name)] == [0, 10, 20], name
+    # a fit needs two points away from the reference (an estimated KL > 0): only at step 20, where it can
+    fitted = [f for f in V.FAMILIES if f"watch/gao_alpha/{f}" in run.data.metrics]
+    assert fitted and all(f"watch/gao_beta/{f}" in run.data.metrics for f in fitted)
+    assert [m.step for m in client.get_metric_history(run.info.run_id, f"watch/gao_alpha/{fitted[0]}")] == [20]
+    figures = [a.path for a in client.list_artifacts(run.info.run_id, "figures")]
+    assert "figures/gao_fits.png" in figures
+    assert run.data.params["watch_every"] == "10" and run.data.params["early_stop"] == "warn"
+
+
+def test_stop_ends_the_run_finished_at_the_peak_and_registers_the_best_checkpoint(tiny_world, monkeypatch):
+    """A synthetic estimate sequence forces dune past its peak at step 30 of 60."""
+    dune = {0: 0.30, 10: 0.34, 20: 0.36, 30: 0.25, 40: 0.2, 50: 0.2, 60: 0.2}
+
+    def estimate(self, step, policy):
+        return _point(step, {f: (dune[step] if f == "dune" else 0.3) for f in self.families})
+    monkeypatch.setattr(W.Watch, "estimate", estimate)
+    res = _run("train-rl", "--world", tiny_world, "--steps", 60, "--batch-prompts", 4, "--log-every", 20,
+               "--watch-every", 10, "--watch-gold", "data/gold_calib.jsonl", "--early-stop", "stop")
+    assert res.exit_code == 0, res.output
+    run = _train_run()
+    assert run.info.status == "FINISHED"
+    tags = run.data.tags
+    assert tags["rlhf.watch.past_peak"] == "dune@30"
+    assert tags["rlhf.watch.stopped"].startswith("step 30: dune past its peak")
+    assert tags["rlhf.watch.best_step"] == "20" and tags["rlhf.registered_step"] == "20"
+    client = mlflow.MlflowClient()
+    assert max(m.step for m in client.get_metric_history(run.info.run_id, "train/proxy/balanced")) == 30
+    assert "checkpoints/watch_best" in [a.path for a in client.list_artifacts(run.info.run_id, "checkpoints")]
+    version = client.get_model_version("rlhf-policy", "1")
+    assert version.tags["checkpoint_step"] == "20"
+
+
+def test_the_watch_does_not_change_what_training_learns(watch, tiny_world):
+    """The watch samples with its own generator and no gradient: the same policy with it as without."""
+    from rlhf_mlflow.training.train_rl import train_rl
+    cfg = RLConfig(steps=4, batch_prompts=4, samples_per_prompt=2, log_every=2).resolved(tiny_world)
+    plain = train_rl(cfg).policy.state_dict()
+    watched_cfg = RLConfig(steps=4, batch_prompts=4, samples_per_prompt=2, log_every=2, watch_every=2,
+                           watch_gold="data/gold_calib.jsonl").resolved(tiny_world)
+    watched = train_rl(watched_cfg, on_watch=lambda step, policy: watch.observe(step, policy) and "continue")
+    assert [p.step for p in watch.points] == [0, 2, 4]
+    assert all(torch.equal(plain[k], watched.policy.state_dict()[k]) for k in plain)
