@@ -76,6 +76,14 @@ def flagged(diagnostic: dict | None) -> list[dict]:
     return out
 
 
+def flagged_from(diagnostic: str | dict | None) -> list[dict]:
+    """flagged() of the diagnostic evidence given as a dict or the path of its JSON file."""
+    if isinstance(diagnostic, str):
+        from rlhf_mlflow.core.errors import read_json
+        diagnostic = read_json(diagnostic)
+    return flagged(diagnostic)
+
+
 def count(rule: dict, record: dict, tokens: list[str]) -> int:
     """How often the rule's feature occurs in one response (tokens) to one prompt record."""
     if record["family"] != rule["family"]:

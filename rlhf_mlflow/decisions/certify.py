@@ -41,7 +41,7 @@ from rlhf_mlflow.core.errors import InputError
 from rlhf_mlflow.core.reward_wrapper import RewardWrapper, apply_wrapper, load_wrapper
 from rlhf_mlflow.decisions import labelled as L
 from rlhf_mlflow.decisions import ope_math as O
-from rlhf_mlflow.decisions.label_requests import check_labels
+from rlhf_mlflow.decisions.label_requests import read_labels
 from rlhf_mlflow.decisions.overlap import own_samples, support
 from rlhf_mlflow.decisions.overlap import weight_support as _weight_support
 
@@ -245,10 +245,10 @@ def certify(policy_dir: str, reference_dir: str, gold_path: str, *, rm_dir: str 
     reference, _ = M.load_policy(reference_dir)
     rm = R.load_rm(rm_dir)[0] if rm_dir else None
     wrapper = correction if isinstance(correction, RewardWrapper) else load_wrapper(correction)
-    shortcuts = _flagged_shortcuts(diagnostic) if shortcuts is None else shortcuts
+    shortcuts = SR.flagged_from(diagnostic) if shortcuts is None else shortcuts
     gen = torch.Generator().manual_seed(cfg.seed)
     by_family = D.group_by_family(gold)
-    labelled = D.group_by_family(_read_labels(policy_labels)) if policy_labels else {}
+    labelled = D.group_by_family(read_labels(policy_labels)) if policy_labels else {}
     evidence = {}
     for f in V.FAMILIES:
         if f not in by_family:
@@ -279,10 +279,6 @@ def weight_support(policy: M.Policy, reference: M.Policy, gold: list[dict],
     return _weight_support(policy, reference, gold, cfg)
 
 
-def _read_labels(path: str) -> list[dict]:
-    return check_labels(D.read_jsonl(path, labelled=True), None, path)
-
-
 def with_labels(row: dict, ev: dict, labels: list[dict], rm, wrapper, cfg: CertifyConfig,
                  rng: np.random.Generator) -> tuple[dict, np.ndarray | None]:
     """The family's row certified from the policy labels: predictor = the calibrated, corrected reward
@@ -299,11 +295,3 @@ def with_labels(row: dict, ev: dict, labels: list[dict], rm, wrapper, cfg: Certi
     at = np.array([row_of.get(tuple(r["attrs"]), -1) for r in labels])  # labels drawn on the expert prompts
     return L.with_policy_labels(row, f_unl, f_lab, y, ev["labels"], cfg.level, cfg.label_looks, cfg.min_labels,
                                 cfg.n_boot, rng, at, cfg.label_widening)
-
-
-def _flagged_shortcuts(diagnostic) -> list[dict]:
-    """The diagnostic evidence's (a path or a dict) flagged features, as rules."""
-    if isinstance(diagnostic, str):
-        from rlhf_mlflow.core.errors import read_json
-        diagnostic = read_json(diagnostic)
-    return SR.flagged(diagnostic)

@@ -70,3 +70,8 @@ def check_labels(labels: list[dict], requests: list[dict] | None, where: str) ->
             raise InputError(f"{at}: {', '.join(diff)} differ from the request (not the response this version "
                              "was asked about)")
     return labels
+
+
+def read_labels(path: str) -> list[dict]:
+    """A labels file (records with `label`), checked as check_labels does without the requests."""
+    return check_labels(D.read_jsonl(path, labelled=True), None, path)
