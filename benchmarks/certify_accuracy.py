@@ -164,7 +164,7 @@ def evaluate_world(world: str, a: argparse.Namespace) -> list[dict]:
     for name, path in paths.items():
         policy = M.load_policy(path)[0]
         truth = oracle.grade_policy(policy, deploy, n=8, seed=1)
-        for size, gold_rep in [(size, r) for size in a.gold_sizes for r in range(a.gold_reps)]:
+        for size, gold_rep in [(size, a.draw_offset + r) for size in a.gold_sizes for r in range(a.gold_reps)]:
             t = time.perf_counter()
             gold = expert_set(world, size, oracle, reference, gold_rep)
             xp = oracle.grade_policy(policy, [{k: r[k] for k in ("id", "family", "attrs")} for r in gold], n=8)
@@ -172,7 +172,7 @@ def evaluate_world(world: str, a: argparse.Namespace) -> list[dict]:
             evidence = {f: C.family_evidence(policy, reference, rm, wrapper, g, cfg, [], gen)
                         for f, g in D.group_by_family(gold).items()}
             bare = certified(evidence, {}, rm, wrapper, replace(cfg, ess_widening=0.0))  # the interval before #19
-            for k, label_seed in [(k, s) for k in a.policy_labels for s in range(a.label_seeds if k else 1)]:
+            for k, label_seed in [(k, a.draw_offset + s) for k in a.policy_labels for s in range(a.label_seeds if k else 1)]:
                 labels = policy_labels(world, policy, gold, k, label_seed, f"{setting['world']}/{name}/{size}/{gold_rep}")
                 rep = certified(evidence, labels, rm, wrapper, cfg)
                 for f, r in rep.items():
@@ -256,6 +256,9 @@ def main() -> None:
                          "set's errors are shared by every policy, so coverage needs several)")
     ap.add_argument("--label-seeds", type=int, default=1,
                     help="label-request draws per K and expert set, each with its own sampling stream and noise")
+    ap.add_argument("--draw-offset", type=int, default=0,
+                    help="number the expert sets and label draws from here (> 0: every expert set drawn afresh, "
+                         "none the world's own): draws no earlier run has seen, to check constants chosen on those")
     ap.add_argument("--truth-prompts", type=int, default=1000,
                     help="fresh prompts per family for the truth (8 samples each; its own SE about 0.002)")
     ap.add_argument("--ess-widening", type=float, default=C.CertifyConfig().ess_widening)
