@@ -70,14 +70,19 @@ def versions(certified_store, tmp_path, tracking_uri) -> dict[str, float]:
     return dict(versions)
 
 
-def _forge(version: str, estimate: float, experiment: str | None = None, step: str | None = "certify") -> str:
+def _forge(version: str, estimate: float, experiment: str | None = None, step: str | None = "certify",
+           estimator: int | None = None) -> str:
     """A run holding a copy of the version's genuine certification with every estimate set to
-    `estimate`, its metrics logged to match; the version's tags pointed at it. Returns its id."""
+    `estimate`, its metrics logged to match; the version's tags pointed at it (`estimator`: the report
+    says an older estimator wrote it; 0 drops the field, as reports before it). Returns its id."""
     mv = _client().get_model_version(REGISTERED_MODEL, version)
     genuine = mv.tags["certification.run_id"]
     report = json.loads(open(mlflow.artifacts.download_artifacts(run_id=genuine, artifact_path="certification.json")).read())
     for row in [*report["families"].values(), report["balanced"]]:
         row.update(estimate=estimate, lo=estimate - 0.01, hi=estimate + 0.01, gain=0.5, gain_lo=0.4, gain_hi=0.6)
+    if estimator is not None:
+        report.pop("estimator", None)
+        report.update({"estimator": estimator} if estimator else {})
     if experiment:
         mlflow.set_experiment(experiment)
     tags = {"rlhf.step": step} if step else {}
@@ -114,6 +119,16 @@ def test_forged_failed_and_foreign_certifications_are_refused(versions):
     tags = _client().get_model_version(REGISTERED_MODEL, v2).tags
     assert not any(k.startswith(("guardrail.", "release.")) for k in tags), tags  # registry untouched
     assert "Traceback" not in res.output
+
+
+def test_a_report_an_older_estimator_wrote_is_refused_with_why(versions):
+    v1 = list(versions)[0]
+    _forge(v1, 0.9, estimator=0)        # numbers that differ from today's, no estimator field: before it
+    res = _run("release", "--model-version", v1, "--guardrails", LENIENT)
+    assert res.exit_code == 1 and "written by certify's estimator 1 or 2" in res.output, res.output
+    assert "certify the version again" in res.output and "Traceback" not in res.output
+    assert _champion() is None
+    assert not any(k.startswith(("guardrail.", "release.")) for k in _client().get_model_version(REGISTERED_MODEL, v1).tags)
 
 
 def test_an_edited_certification_artifact_is_refused(tiny_world, tmp_path):
