@@ -68,6 +68,16 @@ POLICIES = {
 }
 FAR = "raw-kl0.02-s800"
 
+SETTINGS = {
+    "base": {},
+    "sharp": {"demo_noise": 0.5},        # a more accurate demonstrator: a lower-entropy reference
+    "noconf": {"demo_confusion": 0.0},   # wrong positions uniform, not another attribute's answer
+    "sft12": {"sft_epochs": 12},         # the reference trained longer on the same demonstrations
+    "crowd": {"crowd_noise": 0.3},       # noisier crowd labels: a weaker reward model
+}
+"""World settings (`--setting NAME:SEED`): bench-scale WorldConfig overrides spanning the reference's
+entropy and the crowd's noise."""
+
 
 def fresh_prompts(per_family: int, seed: int, prefix: str = "fresh") -> list[dict]:
     """Prompts as the world builder draws them: per family, every attribute uniform."""
@@ -107,7 +117,7 @@ def setting_of(world: str, reference: M.Policy) -> dict:
         ys = rollout.sample(reference, prompts[::4], 4, 1.0, torch.Generator().manual_seed(0))
         ent = float(M.entropy(reference, prompts, ys).mean())
     return {"world": m["world_hash"], "seed": m["seed"], "sft_epochs": c["sft_epochs"],
-            "demo_confusion": c["demo_confusion"], "crowd_noise": c["crowd_noise"], "entropy": round(ent, 2)}
+            "demo_confusion": c["demo_confusion"], "demo_noise": c["demo_noise"], "crowd_noise": c["crowd_noise"], "entropy": round(ent, 2)}
 
 
 def trained_policies(world: str, work: str, names: list[str], steps_scale: float, seed: int) -> tuple[dict, str, dict]:
@@ -240,10 +250,20 @@ def report(rows: list[dict], ks: list[int]) -> dict:
     return worst
 
 
+def parse_setting(ap: argparse.ArgumentParser, text: str) -> tuple[str, int]:
+    name, _, seed = text.partition(":")
+    if name not in SETTINGS or not seed.strip().isdigit():
+        ap.error(f"--setting {text!r}: expected NAME:SEED with NAME one of {', '.join(SETTINGS)}")
+    return name, int(seed)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--world", action="append", default=[], help="an already built world (repeatable)")
-    ap.add_argument("--worlds", type=int, default=5, help="without --world: how many bench worlds to build")
+    ap.add_argument("--setting", action="append", default=[], metavar="NAME:SEED",
+                    help=f"a bench world of a setting ({', '.join(SETTINGS)}) and seed, built once (repeatable)")
+    ap.add_argument("--worlds", type=int, default=5,
+                    help="without --world or --setting: how many base bench worlds to build")
     ap.add_argument("--seed", type=int, default=300, help="without --world: the first world seed")
     ap.add_argument("--cache", default="worlds/bench")
     ap.add_argument("--work", default="outputs/certify_accuracy")
@@ -269,12 +289,15 @@ def main() -> None:
     if unknown:
         ap.error(f"--policies: unknown {', '.join(unknown)} (choose from {', '.join(POLICIES)}; the reference is "
                  "always included)")
+    a.setting = [parse_setting(ap, x) for x in a.setting]
     a.gold_sizes = [int(x) for x in a.gold_sizes.split(",")]
     a.policy_labels = sorted({0} | {int(x) for x in a.policy_labels.split(",")})
     configure_threads()
     t0 = time.perf_counter()
-    worlds = a.world or [ensure_world(a.cache, s, None, "bench", progress=print)[0]
-                         for s in range(a.seed, a.seed + a.worlds)]
+    worlds = list(a.world) + [ensure_world(a.cache, seed, None, "bench", progress=print, **SETTINGS[name])[0]
+                              for name, seed in a.setting]
+    if not worlds:
+        worlds = [ensure_world(a.cache, s, None, "bench", progress=print)[0] for s in range(a.seed, a.seed + a.worlds)]
     rows = [r for w in worlds for r in evaluate_world(w, a)]
     if a.out:
         with open(a.out, "w") as f:

@@ -20,7 +20,7 @@ from rlhf_mlflow.core import records as D
 from rlhf_mlflow.core.world_paths import WorldPaths
 from rlhf_mlflow.decisions.certify import certify
 from rlhf_mlflow.decisions.label_requests import draw_requests
-from rlhf_mlflow.decisions.labelled import gain_se, half_width, ppi_mean, t_quantile
+from rlhf_mlflow.decisions.labelled import gain_se, half_width, ppi_mean, skew_shift, t_quantile
 from rlhf_mlflow.tracking import runs as T
 from rlhf_mlflow.tracking.policy_model import REGISTERED_MODEL, log_policy
 from rlhf_mlflow.world.annotator import label_requests
@@ -80,6 +80,33 @@ def test_t_quantiles_and_the_union_bound():
     assert t_quantile(0.95, 10) == pytest.approx(1.8125, abs=1e-4)
     assert t_quantile(0.975, 19) == pytest.approx(2.0930, abs=1e-4)
     assert half_width(1.0, 20, 0.9, looks=5) == pytest.approx(t_quantile(0.99, 19))
+
+
+def test_the_skew_correction_moves_the_interval_towards_where_skewed_labels_miss():
+    """Quality near 0 (prompts' difficulty Beta(0.6, 6), fraction-of-8 labels, noise clipped about the
+    truth as the annotator clips it), 25 labels: the symmetric t interval misses high (the truth above
+    it) about three times as often as low; Hall's correction moves it up and covers more."""
+    rng = np.random.default_rng(0)
+    plain, moved, n, mu, ups = np.zeros(3), np.zeros(3), 25, 0.6 / 6.6, 0
+    for _ in range(1500):
+        qp = rng.beta(0.6, 6, 100)
+        qs = rng.binomial(8, np.repeat(qp[:, None], 8, 1)) / 8
+        f = 0.1 + 0.5 * qs + 0.1 * rng.standard_normal(qs.shape)
+        lab = rng.permutation(100)[:n]
+        ql = rng.binomial(8, qp[lab]) / 8
+        y = ql + np.clip(0.03 * rng.standard_normal(n), -np.minimum(ql, 1 - ql), np.minimum(ql, 1 - ql))
+        est = ppi_mean(f, 0.1 + 0.5 * ql + 0.1 * rng.standard_normal(n), y, lab)
+        hw, shift = half_width(est.se, n, 0.9), skew_shift(est, est.lam * est.prompt_means, est.se, 0.9)
+        assert abs(shift) <= 0.54 * est.se      # never more than the clip allows
+        ups += shift > 0
+        for tally, c in ((plain, est.estimate), (moved, est.estimate + shift)):
+            tally += [c - hw <= mu <= c + hw, mu < c - hw, mu > c + hw]
+    assert ups > 0.9 * 1500                      # right-skewed labels: up, almost always
+    assert plain[2] > 2 * plain[1]               # the symmetric interval's misses lie high
+    assert moved[0] >= plain[0] + 15             # >= 1 point more coverage
+    assert moved[2] <= plain[2] - 20             # from fewer misses high
+    symmetric = ppi_mean(np.full((100, 8), 0.5), np.full(4, 0.5), np.array([0.2, 0.4, 0.6, 0.8]))
+    assert skew_shift(symmetric, symmetric.prompt_means, symmetric.se, 0.9) == pytest.approx(0.0, abs=1e-12)
 
 
 def test_ppi_intervals_cover_at_their_level():

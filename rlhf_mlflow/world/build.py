@@ -207,10 +207,11 @@ def _file_hashes(root: str) -> dict[str, str]:
 
 
 def ensure_world(cache_dir: str, seed: int = 0, spec: list[dict] | None = None, scale: str = "full",
-                 progress: Callable[[str], None] | None = None) -> tuple[str, dict]:
-    """The world for (seed, spec, scale) under cache_dir/<hash>, built once and reused after."""
+                 progress: Callable[[str], None] | None = None, **overrides) -> tuple[str, dict]:
+    """The world for (seed, spec, scale, WorldConfig overrides) under cache_dir/<hash>, built once and
+    reused after."""
     spec = C.validate_spec(C.DEFAULT_SPEC if spec is None else spec)
-    h = world_hash(replace(SCALES[scale], seed=seed), spec)
+    h = world_hash(replace(SCALES[scale], seed=seed, **overrides), spec)
     path = os.path.abspath(os.path.join(cache_dir, h))
     manifest_path = os.path.join(path, "manifest.json")
     if os.path.isfile(manifest_path):
@@ -218,4 +219,4 @@ def ensure_world(cache_dir: str, seed: int = 0, spec: list[dict] | None = None, 
             return path, json.load(f)
     os.makedirs(cache_dir, exist_ok=True)
     (progress or log.info)(f"world {h} (seed {seed}, {scale}) not built yet: building it once")
-    return path, build_world(path, seed, spec, scale, progress)
+    return path, build_world(path, seed, spec, scale, progress, **overrides)
