@@ -1,12 +1,16 @@
 """Issue 21: does subtracting what the reward model pays per flagged occurrence (`bonus`, today) instead
 of the QA labels' slope (before) cost the champion recipe true quality? Trains corrected-kl005-s1200
 with each correction, same seeds, and grades both on fresh prompts (reads the truth: a benchmark may).
+With `--watch N`, each run also has the over-optimisation watch every N steps (the arm's correction as
+its predictor, as `main` passes the diagnostic's) and the checkpoint the watch picks, the one `main`
+registers, is graded beside the last (`best_*` in the output).
 
-    python benchmarks/correction_premium_ab.py [--world D] [--seeds 0,1] [--out DIR]
+    python benchmarks/correction_premium_ab.py [--world D] [--seeds 0,1] [--watch 50] [--out DIR]
 """
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import sys
@@ -15,10 +19,14 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.certify_accuracy import fresh_prompts  # noqa: E402
+from rlhf_mlflow.core import model as M  # noqa: E402
 from rlhf_mlflow.core import records as D  # noqa: E402
+from rlhf_mlflow.core import reward_model as R  # noqa: E402
 from rlhf_mlflow.core.process import configure_threads  # noqa: E402
+from rlhf_mlflow.core.reward_wrapper import load_wrapper  # noqa: E402
 from rlhf_mlflow.decisions.correction import fit_corrections, write_wrapper  # noqa: E402
 from rlhf_mlflow.decisions.diagnostic import run_diagnostic  # noqa: E402
+from rlhf_mlflow.decisions.watch import Watch  # noqa: E402
 from rlhf_mlflow.training.recipes import CORRECTED  # noqa: E402
 from rlhf_mlflow.training.rl_config import load_rl_config  # noqa: E402
 from rlhf_mlflow.training.train_rl import train_rl  # noqa: E402
@@ -31,6 +39,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--world", help="a built world (default: the default world, built on first use)")
     ap.add_argument("--seeds", default="0,1")
+    ap.add_argument("--watch", type=int, default=0, help="watch every N steps and grade its best checkpoint too")
     ap.add_argument("--out", default="outputs/correction_premium_ab")
     a = ap.parse_args()
     configure_threads()
@@ -47,11 +56,29 @@ def main() -> None:
     for seed in [int(s) for s in a.seeds.split(",")]:
         for kind in ("bonus", "slope"):
             t = time.perf_counter()
-            over = dict(CORRECTED["corrected-kl005-s1200"], seed=seed, reward_wrapper=os.path.join(a.out, f"{kind}.py"))
-            policy = train_rl(load_rl_config(j("configs", "default.json"), over)).policy
+            wrapper = os.path.join(a.out, f"{kind}.py")
+            over = dict(CORRECTED["corrected-kl005-s1200"], seed=seed, reward_wrapper=wrapper)
+            cfg = load_rl_config(j("configs", "default.json"), over)
+            best, on_watch = {}, None
+            if a.watch:
+                cfg = load_rl_config(j("configs", "default.json"), dict(over, watch_every=a.watch,
+                                                                         watch_gold=j("data", "gold_calib.jsonl")))
+                watch = Watch(M.load_policy(cfg.policy_ref)[0], R.load_rm(cfg.reward_model)[0], load_wrapper(wrapper),
+                              D.read_jsonl(cfg.watch_gold, labelled=True))
+
+                def on_watch(step, policy, watch=watch, best=best):
+                    if watch.observe(step, policy).best:
+                        best.update(step=step, policy=copy.deepcopy(policy))
+                    return "continue"
+            policy = train_rl(cfg, on_watch=on_watch).policy
             truth = oracle.grade_policy(policy, deploy, n=8, seed=1)
-            print(json.dumps({"seed": seed, "correction": kind, "secs": round(time.perf_counter() - t),
-                              **{k: round(v, 4) for k, v in truth.items()}}), flush=True)
+            out = {"seed": seed, "correction": kind, "secs": round(time.perf_counter() - t),
+                   **{k: round(v, 4) for k, v in truth.items()}}
+            if best:
+                out["best_step"] = best["step"]
+                out.update({f"best_{k}": round(v, 4) for k, v in oracle.grade_policy(best["policy"], deploy, n=8,
+                                                                                    seed=1).items()})
+            print(json.dumps(out), flush=True)
 
 
 if __name__ == "__main__":

@@ -108,9 +108,9 @@ def small_sample_widening(ess: float, k: float) -> float:
     estimate's spread around the deployment truth exceeded the bootstrap's by 10-20% at ESS 20-45 and
     by 0-5% above 70: the bootstrap cannot draw the rows it never saw (tail weights, prompts the
     policy favours), and with weights, few rows count. k = 10 brought the pool of 2,300 intervals from
-    88.5% to 91.7% (90% nominal) but left two of five worlds at 88-89%; CertifyConfig uses k = 20, which
-    measured 94-97% per world on six worlds with 6 expert sets each, at 1.1-1.25x the bare width. k is
-    an empirical constant, not a theorem (docs/CERTIFICATION.md)."""
+    88.5% to 91.7% (90% nominal) but left two of five worlds at 88-89%; k = 20 measured 0.894-0.966
+    per world on expert sets it was not chosen on; CertifyConfig uses k = 30. k is an empirical
+    constant, not a theorem (docs/CERTIFICATION.md)."""
     if k <= 0:
         return 1.0
     return float(np.sqrt(1.0 + k / max(float(ess), 1.0)))
