@@ -12,7 +12,8 @@ prompts (family, then every attribute uniform), never the expert prompts. The ol
 on the expert prompts themselves (8 per prompt), is reported beside it (`cover_xp`).
 
 Worlds: each `--world D` is an already built world (its manifest gives the setting: SFT epochs and
-confusion, i.e. the reference's entropy; crowd noise); without any, `--worlds` bench-scale worlds from
+confusion, i.e. the reference's entropy; crowd noise); each `--setting NAME:SEED` a bench world of a
+named setting (SETTINGS) built once under `--cache`; without either, `--worlds` bench-scale worlds from
 `--seed` are built once and cached under `--cache`. Expert-set sizes (`--gold-sizes`): 100 is the
 world's own set; fewer is a seeded subset of it; more adds rows drawn as the builder draws them (the
 reference at temperature 1 on fresh prompts, labelled truth + the world's gold noise). Per world the
@@ -21,7 +22,10 @@ kept under `--work/<world>/<policy>` (an existing one is reused). Certification 
 model, the correction and the default CertifyConfig (`--ess-widening` overrides its widening).
 
 Prints, per setting and K: cells, certified, MAE, bias, 90%-interval coverage of the deployment truth
-(and of the expert-prompt truth), mean width. Last line: `labelled_coverage: X` (family level, K = 50,
+(and of the expert-prompt truth), mean width, and a 90% bootstrap interval of the coverage over expert
+sets (one set's errors are shared by every policy certified from it: with 6 sets a world's coverage is
+uncertain by several points). `--cells F` reports the cells of earlier `--out` runs, pooled, computing
+nothing. Last line: `labelled_coverage: X` (family level, K = 50,
 the minimum over settings) when `--policy-labels` includes 50, else `deployment_coverage: X` (family
 level, off-policy, the minimum over settings); both are printed when both are measured.
 """
@@ -225,22 +229,40 @@ def summarise(rows: list[dict]) -> dict:
     return out
 
 
+def set_interval(rows: list[dict], level: float = 0.90, draws: int = 2000) -> tuple[float, float]:
+    """A bootstrap interval of the coverage over expert sets: one set's errors are shared by every
+    policy and family certified from it, so the set, not the interval, is the independent unit."""
+    by_set: dict = {}
+    for r in rows:
+        if r["certifiable"]:
+            by_set.setdefault((r["gold"], r["gold_rep"]), []).append(r["lo"] <= r["truth"] <= r["hi"])
+    if len(by_set) < 2:
+        return float("nan"), float("nan")
+    hits = np.array([sum(v) for v in by_set.values()], float)
+    n = np.array([len(v) for v in by_set.values()], float)
+    idx = np.random.default_rng(0).integers(0, len(hits), (draws, len(hits)))
+    cov = hits[idx].sum(1) / n[idx].sum(1)
+    return float(np.quantile(cov, (1 - level) / 2)), float(np.quantile(cov, (1 + level) / 2))
+
+
 def report(rows: list[dict], ks: list[int]) -> dict:
     """Prints the tables; returns {K: min over settings of the family-level deployment coverage}."""
     settings = sorted({(r["world"], r["seed"], r["entropy"], r["crowd_noise"], r["gold"]) for r in rows},
                       key=lambda s: (s[1], s[4]))
     worst = {}
     print(f"\n{'seed':>4s} {'H/tok':>5s} {'crowd':>5s} {'gold':>4s} {'K':>3s} {'level':8s} {'cells':>5s} {'given':>5s} "
-          f"{'MAE':>6s} {'bias':>7s} {'cover':>6s} {'cov_xp':>6s} {'width':>6s} {'bare':>6s} {'w_bare':>6s}")
+          f"{'MAE':>6s} {'bias':>7s} {'cover':>6s} {'cov_xp':>6s} {'width':>6s} {'bare':>6s} {'w_bare':>6s} "
+          f"{'cover, 90% over sets':>20s}")
     for k in ks:
         for w, seed, ent, crowd, gold in settings:
             sel = [r for r in rows if r["world"] == w and r["gold"] == gold and r["K"] == k]
             s = summarise(sel)
             worst[k] = min(worst.get(k, 1.0), s["family"]["coverage"])
             for level, v in s.items():
+                lo, hi = set_interval([r for r in sel if (r["family"] == "balanced") == (level == "balanced")])
                 print(f"{seed:4d} {ent:5.2f} {crowd:5.2f} {gold:4d} {k:3d} {level:8s} {v['n']:5d} {v['given']:5d} "
                       f"{v['mae']:6.3f} {v['bias']:+7.3f} {v['coverage']:6.3f} {v['cover_xp']:6.3f} {v['width']:6.3f} "
-                      f"{v['cover_bare']:6.3f} {v['width_bare']:6.3f}")
+                      f"{v['cover_bare']:6.3f} {v['width_bare']:6.3f}       [{lo:.3f}, {hi:.3f}]")
         s = summarise([r for r in rows if r["K"] == k])
         far = [r for r in rows if r["K"] == k and r["policy"] == FAR and r["family"] == "balanced"]
         print(f"all settings, K {k}: family coverage {s['family']['coverage']:.3f} ({s['family']['given']}/"
@@ -283,6 +305,8 @@ def main() -> None:
                     help="fresh prompts per family for the truth (8 samples each; its own SE about 0.002)")
     ap.add_argument("--ess-widening", type=float, default=C.CertifyConfig().ess_widening)
     ap.add_argument("--out", help="write every cell as JSON here")
+    ap.add_argument("--cells", action="append", default=[], metavar="F",
+                    help="report the cells an earlier run wrote with --out (repeatable; pooled), computing nothing")
     a = ap.parse_args()
     a.policies = [p for p in a.policies.split(",") if p]
     unknown = [p for p in a.policies if p not in POLICIES]
@@ -292,6 +316,12 @@ def main() -> None:
     a.setting = [parse_setting(ap, x) for x in a.setting]
     a.gold_sizes = [int(x) for x in a.gold_sizes.split(",")]
     a.policy_labels = sorted({0} | {int(x) for x in a.policy_labels.split(",")})
+    if a.cells:
+        rows = [r for path in a.cells for r in json.load(open(path))]
+        ks = sorted({r["K"] for r in rows})
+        worst = report(rows, ks)
+        print(f"deployment_coverage: {worst[0]:.3f}" + (f"\nlabelled_coverage: {worst[50]:.3f}" if 50 in worst else ""))
+        return
     configure_threads()
     t0 = time.perf_counter()
     worlds = list(a.world) + [ensure_world(a.cache, seed, None, "bench", progress=print, **SETTINGS[name])[0]
