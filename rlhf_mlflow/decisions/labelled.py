@@ -105,12 +105,22 @@ def _variance(est: PPI, a: np.ndarray) -> float:
     return max(v, est.residual_var / n / 4)   # a floor: the shared-prompt covariance is estimated too
 
 
-def gain_se(est: PPI, reference_labels: np.ndarray) -> float:
-    """The standard error of estimate - mean(reference_labels): paired per prompt when the reference's
-    labels are on the unlabelled samples' prompts (one each, in order), else as independent."""
+def paired_gain_terms(est: PPI, reference_labels: np.ndarray) -> np.ndarray | None:
+    """Per unlabelled prompt, lam * its predictor mean - the reference's label on it, when the
+    reference's labels are on those prompts (one each, in order); else None."""
     ref = np.asarray(reference_labels, dtype=float)
     if len(ref) == len(est.prompt_means) and len(ref) > 1:
-        return float(np.sqrt(_variance(est, est.lam * est.prompt_means - ref)))
+        return est.lam * est.prompt_means - ref
+    return None
+
+
+def gain_se(est: PPI, reference_labels: np.ndarray) -> float:
+    """The standard error of estimate - mean(reference_labels): paired per prompt when the reference's
+    labels are on the unlabelled samples' prompts (paired_gain_terms), else as independent."""
+    terms = paired_gain_terms(est, reference_labels)
+    if terms is not None:
+        return float(np.sqrt(_variance(est, terms)))
+    ref = np.asarray(reference_labels, dtype=float)
     return float(np.sqrt(est.se ** 2 + np.var(ref, ddof=1) / len(ref)))
 
 
@@ -186,11 +196,8 @@ def with_policy_labels(row: dict, f_unlabelled: np.ndarray, f_labelled: np.ndarr
     est = ppi_mean(f_unlabelled, f_labelled, labels, label_prompts)
     hw = widening * half_width(est.se, n, level, looks)
     shift = skew_shift(est, est.lam * est.prompt_means, est.se, level, looks)
-    ref = np.asarray(reference_labels, dtype=float)
-    g_se = gain_se(est, ref)
-    paired = len(ref) == len(est.prompt_means)
-    g_shift = skew_shift(est, est.lam * est.prompt_means - ref if paired else est.lam * est.prompt_means, g_se,
-                         level, looks)
+    g_se, terms = gain_se(est, reference_labels), paired_gain_terms(est, reference_labels)
+    g_shift = skew_shift(est, est.lam * est.prompt_means if terms is None else terms, g_se, level, looks)
     gain_hw = widening * half_width(g_se, n, level, looks)
     gain = est.estimate - row["reference"]
     out.update(certifiable=True, reason="ok", method="ppi", evidence=f"policy labels ({n})", estimate=est.estimate,
