@@ -11,7 +11,7 @@ Per family, with n expert rows (x_i, y_i, label_i) drawn from the reference:
   - the doubly-robust estimate: direct + importance-weighted calibration residuals. This is the
     certified number; its 90% interval is a seeded bootstrap over the expert rows (prompts, labels
     and calibration refit together), paired with the reference's mean for the gain's interval, and
-    widened about the estimate by sqrt(1 + 20 / min(ESS, population ESS)) (a finite-sample
+    widened about the estimate by sqrt(1 + 30 / min(ESS, population ESS)) (a finite-sample
     correction: see ope_math.small_sample_widening).
 A family is certifiable only when ESS >= min_ess and k-hat <= max_khat on the expert rows, and the
 population ESS (n / E_pi[w], from the policy's own samples: it sees mass the expert rows never
@@ -38,18 +38,21 @@ from rlhf_mlflow.core import vocab as V
 from rlhf_mlflow.core.checkpoint import content_sha256
 from rlhf_mlflow.core.config import check_range
 from rlhf_mlflow.core.errors import InputError
-from rlhf_mlflow.core.reward_wrapper import RewardWrapper, apply_wrapper, load_wrapper
+from rlhf_mlflow.core.reward_wrapper import RewardWrapper, load_wrapper
 from rlhf_mlflow.decisions import labelled as L
 from rlhf_mlflow.decisions import ope_math as O
 from rlhf_mlflow.decisions.label_requests import read_labels
-from rlhf_mlflow.decisions.overlap import own_samples, support
+from rlhf_mlflow.decisions.evidence import family_evidence, fixed_evidence  # noqa: F401 (certify's API)
+from rlhf_mlflow.decisions.evidence import scores as _scores
+from rlhf_mlflow.decisions.overlap import support
 from rlhf_mlflow.decisions.overlap import weight_support as _weight_support
 
 
-ESTIMATOR_VERSION = 4
+ESTIMATOR_VERSION = 5
 """Which estimator wrote a report (release recomputes it): 1 the bare bootstrap, 2 the ESS widening
 (issue 19), 3 PPI's variance over prompts and its widening (issue 17), 4 the labelled interval's skew
-correction and the ESS widening's k 20 -> 30. A report without it was written by 1 or 2."""
+correction and the ESS widening's k 20 -> 30, 5 the mixes' allowance for correlated family errors.
+A report without it was written by 1 or 2."""
 
 
 @dataclass(frozen=True)
@@ -79,6 +82,12 @@ class CertifyConfig:
     ESS)): the percentile bootstrap's spread fell 10-20% short of the estimator's at ESS 20-45
     (ope_math.small_sample_widening); 0 keeps the bare bootstrap. 10, then 20, left one bench world
     under 90% family coverage on expert sets the constant was not chosen on (docs/CERTIFICATION.md)."""
+    family_correlation: float = 0.1
+    """A mix's interval (balanced, pilot) allows this correlation between its families' errors
+    (ope_math.mix_widening): the bootstrap draws each family's rows on their own, as if independent,
+    and on one bench world the six families' errors correlated 0.12-0.14 across expert sets (balanced
+    coverage 0.85-0.88 while its families covered 0.94-0.98; ~0 on another); 0 treats them as
+    independent (docs/CERTIFICATION.md)."""
 
     def __post_init__(self):
         check_range("min_ess", self.min_ess, 1)
@@ -91,58 +100,7 @@ class CertifyConfig:
         check_range("label_looks", self.label_looks, 1, integer=True)
         check_range("ess_widening", self.ess_widening, 0)
         check_range("label_widening", self.label_widening, 1)
-
-
-@torch.no_grad()
-def family_evidence(policy, reference, rm, wrapper, gold: list[dict], cfg: CertifyConfig,
-                    shortcuts: list[dict], gen: torch.Generator, fixed: dict | None = None) -> dict:
-    """The arrays one family's estimates are computed from (numpy, one row per expert sample).
-    `fixed` (fixed_evidence of the same rows), when given, is reused and no reference samples are
-    drawn, so no shortcut is counted (the watch, every few dozen training steps)."""
-    prompts, responses = D.prompts_tensor(gold), D.responses_tensor(gold)
-    reuse, fixed = fixed is not None, fixed or fixed_evidence(reference, rm, wrapper, gold)
-    lw = (M.sequence_logprobs(policy, prompts, responses) - fixed["ref_logprobs"]).double().numpy()
-    K = cfg.samples_per_prompt
-    own, ref_own, own_lw = own_samples(policy, reference, prompts, cfg, gen, with_reference=not reuse)
-    prompts_rep = prompts.repeat_interleave(K, 0)
-    ev = {"log_ratios": lw, "labels": np.array([r["label"] for r in gold], float),
-          "prompts": [tuple(r["attrs"]) for r in gold],
-          "kl": float(own_lw.mean()), "pop_ess": O.population_ess(own_lw, len(gold)),
-          "shortcuts": [] if reuse else _shortcut_counts(shortcuts, gold, K, own, ref_own)}
-    if rm is not None:
-        own_scores = _scores(rm, wrapper, [r for r in gold for _ in range(K)], prompts_rep, own)
-        ev["scores"] = fixed["scores"]
-        ev["policy_scores_all"] = own_scores
-        ev["policy_scores"] = own_scores.reshape(len(gold), K).mean(1)  # per expert prompt
-    return ev
-
-
-@torch.no_grad()
-def fixed_evidence(reference, rm, wrapper, gold: list[dict]) -> dict:
-    """What family_evidence needs that does not depend on the policy: the reference's log-probs of
-    the expert responses and their (corrected) reward-model scores."""
-    prompts, responses = D.prompts_tensor(gold), D.responses_tensor(gold)
-    return {"ref_logprobs": M.sequence_logprobs(reference, prompts, responses),
-            "scores": None if rm is None else _scores(rm, wrapper, gold, prompts, responses)}
-
-
-def _scores(rm, wrapper, records, prompts, responses) -> np.ndarray:
-    s = R.score(rm, prompts, responses)
-    if wrapper is not None:
-        s = apply_wrapper(wrapper, getattr(wrapper, "path", "correction"), records, responses, s)
-    return s.double().numpy()
-
-
-def _shortcut_counts(shortcuts, gold, K, own, ref_own) -> list[dict]:
-    out = []
-    records = [r for r in gold for _ in range(K)]
-    for rule in shortcuts:
-        if rule["family"] != gold[0]["family"]:
-            continue
-        count = lambda ys: float(np.mean([SR.count(rule, rec, V.decode_response(y))  # noqa: E731
-                                          for rec, y in zip(records, ys.tolist())]))
-        out.append({**rule, "policy_count": count(own), "reference_count": count(ref_own)})
-    return out
+        check_range("family_correlation", self.family_correlation, 0, 1)
 
 
 def estimate_family(ev: dict, cfg: CertifyConfig, rng: np.random.Generator) -> tuple[dict, np.ndarray, np.ndarray]:
@@ -218,13 +176,18 @@ def aggregate(rows: dict, draws: dict, ref_draws: dict, weights: dict[str, float
         return {**out, "certifiable": False, "reason": "; ".join(why), "estimate": None, "lo": None, "hi": None,
                 "gain": None, "gain_lo": None, "gain_hi": None}
     est = sum(wt[f] * rows[f]["estimate"] for f in fams)
-    d = sum(wt[f] * draws[f] for f in fams)
-    dr = sum(wt[f] * ref_draws[f] for f in fams)
+    gain = est - out["reference"]
+    w = [wt[f] for f in fams]
+    gains = {f: draws[f] - ref_draws[f] for f in fams}
+    d = est + O.mix_widening(w, [float(np.std(draws[f])) for f in fams], cfg.family_correlation) * \
+        (sum(wt[f] * draws[f] for f in fams) - est)
+    g = gain + O.mix_widening(w, [float(np.std(gains[f])) for f in fams], cfg.family_correlation) * \
+        (sum(wt[f] * gains[f] for f in fams) - gain)
     lo_q, hi_q = (1 - cfg.level) / 2, (1 + cfg.level) / 2
     return {**out, "certifiable": True, "reason": "ok", "estimate": est,
             "lo": float(np.quantile(d, lo_q)), "hi": float(np.quantile(d, hi_q)),
-            "gain": est - out["reference"], "gain_lo": float(np.quantile(d - dr, lo_q)),
-            "gain_hi": float(np.quantile(d - dr, hi_q))}
+            "gain": gain, "gain_lo": float(np.quantile(g, lo_q)),
+            "gain_hi": float(np.quantile(g, hi_q))}
 
 
 def certify(policy_dir: str, reference_dir: str, gold_path: str, *, rm_dir: str | None = None,

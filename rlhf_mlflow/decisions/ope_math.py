@@ -126,3 +126,15 @@ def calibration_draws(scores: np.ndarray, labels: np.ndarray, policy_scores: np.
     bb = (sc * (yb - yb.mean(1, keepdims=True))).sum(1) / ((sc * sc).sum(1) + ridge * len(labels))
     ab = yb.mean(1) - bb * sb.mean(1)
     return ab, bb, ab + bb * policy_scores[idx].mean(1)
+
+
+def mix_widening(weights, sds, rho: float) -> float:
+    """The factor by which a mix's spread (sum_f w_f X_f, its families' draws drawn independently)
+    grows when every two families' errors correlate rho: sqrt(var_rho / var_0) with var_0 =
+    sum w_f^2 sd_f^2 and var_rho = (sum w_f sd_f)^2 rho + var_0 (1 - rho). 1 for one family or rho 0;
+    sqrt(1 + 5 rho) for six equal families with equal sds."""
+    w, sd = np.asarray(weights, float), np.asarray(sds, float)
+    var0 = float((w * w * sd * sd).sum())
+    if var0 <= 0 or rho <= 0:
+        return 1.0
+    return float(np.sqrt(((w * sd).sum() ** 2 * rho + var0 * (1 - rho)) / var0))

@@ -1,0 +1,88 @@
+"""The evidence certify estimates from, per family of the expert set: the policy's and the reference's
+log-probs of the expert responses, the policy's own samples (their log-ratios, population ESS, KL and
+reward-model scores), and the flagged shortcuts' counts under both. `fixed_evidence` is the part that
+does not depend on the policy (computed once by the watch)."""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from rlhf_mlflow.core import model as M
+from rlhf_mlflow.core import records as D
+from rlhf_mlflow.core import reward_model as R
+from rlhf_mlflow.core import rollout
+from rlhf_mlflow.core import shortcut_rules as SR
+from rlhf_mlflow.core.reward_wrapper import apply_wrapper
+from rlhf_mlflow.decisions import ope_math as O
+from rlhf_mlflow.decisions.overlap import own_samples
+
+
+@torch.no_grad()
+def family_evidence(policy, reference, rm, wrapper, gold: list[dict], cfg,
+                    shortcuts: list[dict], gen: torch.Generator, fixed: dict | None = None) -> dict:
+    """The arrays one family's estimates are computed from (numpy, one row per expert sample).
+    `fixed` (fixed_evidence of the same rows), when given, is reused and no reference samples are
+    drawn: the shortcuts counted are then those fixed_evidence counted under the reference (the
+    watch, every few dozen training steps)."""
+    prompts, responses = D.prompts_tensor(gold), D.responses_tensor(gold)
+    reuse, fixed = fixed is not None, fixed or fixed_evidence(reference, rm, wrapper, gold)
+    lw = (M.sequence_logprobs(policy, prompts, responses) - fixed["ref_logprobs"]).double().numpy()
+    K = cfg.samples_per_prompt
+    own, ref_own, own_lw = own_samples(policy, reference, prompts, cfg, gen, with_reference=not reuse)
+    prompts_rep = prompts.repeat_interleave(K, 0)
+    counted = fixed["shortcuts"] if reuse else _reference_counts(_family_rules(shortcuts, gold), prompts_rep, ref_own)
+    ev = {"log_ratios": lw, "labels": np.array([r["label"] for r in gold], float),
+          "prompts": [tuple(r["attrs"]) for r in gold],
+          "kl": float(own_lw.mean()), "pop_ess": O.population_ess(own_lw, len(gold)),
+          "shortcuts": [_with_policy_count(rule, prompts_rep, own) for rule in counted]}
+    if rm is not None:
+        own_scores = scores(rm, wrapper, [r for r in gold for _ in range(K)], prompts_rep, own)
+        ev["scores"] = fixed["scores"]
+        ev["policy_scores_all"] = own_scores
+        ev["policy_scores"] = own_scores.reshape(len(gold), K).mean(1)  # per expert prompt
+    return ev
+
+
+@torch.no_grad()
+def fixed_evidence(reference, rm, wrapper, gold: list[dict], shortcuts: list[dict] = (),
+                   cfg=None, gen: torch.Generator | None = None) -> dict:
+    """What family_evidence needs that does not depend on the policy: the reference's log-probs of
+    the expert responses, their (corrected) reward-model scores, and the family's `shortcuts` with
+    their mean count per answer in cfg.samples_per_prompt reference samples per expert prompt (drawn
+    from `gen`)."""
+    prompts, responses = D.prompts_tensor(gold), D.responses_tensor(gold)
+    out = {"ref_logprobs": M.sequence_logprobs(reference, prompts, responses),
+           "scores": None if rm is None else scores(rm, wrapper, gold, prompts, responses), "shortcuts": []}
+    rules = _family_rules(shortcuts, gold)
+    if rules:
+        K = cfg.samples_per_prompt
+        ref_own = rollout.sample(reference, prompts, K, cfg.temperature, gen)
+        out["shortcuts"] = _reference_counts(rules, prompts.repeat_interleave(K, 0), ref_own)
+    return out
+
+
+def scores(rm, wrapper, records, prompts, responses) -> np.ndarray:
+    """The reward model's scores of these responses, corrected by `wrapper` when given (float64)."""
+    s = R.score(rm, prompts, responses)
+    if wrapper is not None:
+        s = apply_wrapper(wrapper, getattr(wrapper, "path", "correction"), records, responses, s)
+    return s.double().numpy()
+
+
+def _family_rules(shortcuts, gold: list[dict]) -> list[dict]:
+    return [rule for rule in shortcuts if rule["family"] == gold[0]["family"]]
+
+
+def _reference_counts(rules: list[dict], prompts_rep: torch.Tensor, ref_own: torch.Tensor) -> list[dict]:
+    return [{**rule, "reference_count": _mean_count(rule, prompts_rep, ref_own)[0]} for rule in rules]
+
+
+def _with_policy_count(rule: dict, prompts_rep: torch.Tensor, own: torch.Tensor) -> dict:
+    mean, se = _mean_count(rule, prompts_rep, own)
+    return {**rule, "policy_count": mean, "policy_count_se": se}
+
+
+def _mean_count(rule: dict, prompts_rep: torch.Tensor, responses: torch.Tensor) -> tuple[float, float]:
+    """The rule's mean count per answer over these responses, and its standard error."""
+    c = SR.counts(rule, prompts_rep, responses).double()
+    return float(c.mean()), float(c.std() / np.sqrt(len(c))) if len(c) > 1 else 0.0
