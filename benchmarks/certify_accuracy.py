@@ -102,9 +102,13 @@ def expert_set(world: str, size: int, oracle: Oracle, reference: M.Policy, rep: 
     if 0 < size <= have:
         rng = np.random.default_rng(size)
         return [r for f in V.FAMILIES for r in [by_family[f][i] for i in sorted(rng.permutation(len(by_family[f]))[:size])]]
-    noise = json.load(open(os.path.join(world, "manifest.json")))["config"]["gold_noise"]
-    extra = fresh_prompts(size - have, 50_000 + 1000 * rep + size, prefix=f"gold-extra{rep}")
-    gen = torch.Generator().manual_seed(1000 * rep + size)
+    manifest = json.load(open(os.path.join(world, "manifest.json")))
+    noise = manifest["config"]["gold_noise"]
+    # sets drawn afresh are seeded by the world too (from draw 800 on): with the same prompts and random
+    # numbers in every world, the worlds' coverages shared one set's luck and were not separate evidence
+    salt = 7919 * manifest["seed"] if rep >= 800 else 0
+    extra = fresh_prompts(size - have, 50_000 + 1000 * rep + size + salt, prefix=f"gold-extra{rep}")
+    gen = torch.Generator().manual_seed(1000 * rep + size + salt)
     prompts = D.prompts_tensor(extra)
     responses = rollout.sample(reference, prompts, 1, 1.0, gen)
     labels = oracle.true_quality(prompts, responses) + noise * torch.randn(len(extra), generator=gen)
@@ -185,7 +189,7 @@ def evaluate_world(world: str, a: argparse.Namespace) -> list[dict]:
             gen = torch.Generator().manual_seed(cfg.seed)
             evidence = {f: C.family_evidence(policy, reference, rm, wrapper, g, cfg, [], gen)
                         for f, g in D.group_by_family(gold).items()}
-            bare = certified(evidence, {}, rm, wrapper, replace(cfg, ess_widening=0.0))  # the interval before #19
+            bare = certified(evidence, {}, rm, wrapper, replace(cfg, ess_widening=0.0, family_correlation=0.0))  # before #19
             for k, label_seed in [(k, a.draw_offset + s) for k in a.policy_labels for s in range(a.label_seeds if k else 1)]:
                 labels = policy_labels(world, policy, gold, k, label_seed, f"{setting['world']}/{name}/{size}/{gold_rep}")
                 rep = certified(evidence, labels, rm, wrapper, cfg)
