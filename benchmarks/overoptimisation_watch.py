@@ -37,21 +37,18 @@ from rlhf_mlflow.core.reward_wrapper import load_wrapper  # noqa: E402
 from rlhf_mlflow.core.world_paths import WorldPaths  # noqa: E402
 from rlhf_mlflow.decisions import watch as W  # noqa: E402
 from rlhf_mlflow.training.recipes import CORRECTED, SEED_HISTORY, scaled  # noqa: E402
-from rlhf_mlflow.training.rl_config import load_rl_config  # noqa: E402
+from rlhf_mlflow.training.rl_config import RLConfig, load_rl_config  # noqa: E402
 from rlhf_mlflow.training.train_rl import train_rl  # noqa: E402
+from rlhf_mlflow.world.build import ensure_world  # noqa: E402
 from rlhf_mlflow.world.oracle import Oracle  # noqa: E402
 
-DEFAULT_WORLD = "/work/worlds-bench/90873596517cfb63"
 DROP = 0.05
 WATCH_EVERY = 50
 GRADE_PER_FAMILY, GRADE_N = 250, 2
 
 
 def correction_for(world: WorldPaths, work: str) -> str:
-    """The diagnostic's correction for this world: cached, else the diagnostic run and fitted here."""
-    cached = f"/tmp/cov2/work/{os.path.basename(world.root)}/correction.py"
-    if os.path.exists(cached):
-        return cached
+    """The diagnostic's correction for this world: cached under `work`, else the diagnostic run and fitted."""
     path = os.path.join(work, f"{os.path.basename(world.root)}_correction.py")
     if not os.path.exists(path):
         from rlhf_mlflow.decisions.correction import fit_corrections, write_wrapper
@@ -69,11 +66,11 @@ def grading_prompts(world: WorldPaths) -> list[dict]:
     return out
 
 
-def run_one(world: WorldPaths, overrides: dict, correction: str, watch_every: int) -> dict:
+def run_one(world: WorldPaths, overrides: dict, correction: str, watch_every: int, early_every: int) -> dict:
     """Train with the watch (its predictor corrected by the diagnostic's correction, as in main) and the
     oracle at every watch point; the points as plain lists."""
-    cfg = load_rl_config(world.config, {**overrides, "watch_every": watch_every, "watch_gold": world.expert_set,
-                                        "watch_correction": correction})
+    cfg = load_rl_config(world.config, {**overrides, "watch_every": watch_every, "watch_early_every": early_every,
+                                        "watch_gold": world.expert_set, "watch_correction": correction})
     watch = W.Watch(M.load_policy(cfg.policy_ref)[0], R.load_rm(cfg.reward_model)[0],
                     load_wrapper(cfg.watch_correction or cfg.reward_wrapper),
                     D.read_jsonl(cfg.watch_gold, labelled=True))
@@ -89,7 +86,7 @@ def run_one(world: WorldPaths, overrides: dict, correction: str, watch_every: in
     train_rl(cfg, on_watch=on_watch)
     pts = watch.points
     return {"steps": [p.step for p in pts], "estimate": [p.estimate for p in pts], "se": [p.se for p in pts],
-            "kl": [p.kl for p in pts], "method": [p.method for p in pts], "fired": watch.fired,
+            "kl": [p.kl for p in pts], "method": [p.method for p in pts], "fired": watch.fired, "why": watch.why,
             "truth": [{k.split("/")[1]: v for k, v in t.items()} for t in truth]}
 
 
@@ -122,7 +119,7 @@ def summarise(results: dict[str, dict]) -> None:
         for f in r["fired"].keys() | r["truth"][0].keys() - {"balanced"}:
             o = family_outcome(r, f)
             print(f"  {name:40s} {f:7s} true peak @{o['true_peak_step']:5d}  0.05 drop @{o['drop_step']}  "
-                  f"fired @{o['fired']}")
+                  f"fired @{o['fired']}" + (f" ({r['why'][f]})" if f in r.get("why", {}) else ""))
             if o["overoptimised"]:
                 if o["fired"] is None:
                     missed.append((name, f))
@@ -153,26 +150,29 @@ def summarise(results: dict[str, dict]) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--worlds", nargs="+", default=[DEFAULT_WORLD])
+    ap.add_argument("--worlds", nargs="+", help="built worlds (default: the default world, built if missing)")
     ap.add_argument("--steps-scale", type=float, default=1.0)
     ap.add_argument("--recipes", nargs="+", default=list(SEED_HISTORY) + ["corrected-s800"])
     ap.add_argument("--watch-every", type=int, default=WATCH_EVERY)
+    ap.add_argument("--watch-early-every", type=int, default=RLConfig().watch_early_every,
+                    help="watch this often before the first --watch-every step (0: no dense start)")
     ap.add_argument("--out", default="/tmp/overopt_watch")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     results = {}
-    for root in args.worlds:
+    for root in args.worlds or [ensure_world("worlds", progress=print)[0]]:
         world = WorldPaths.at(root)
         for name in args.recipes:
             correction = correction_for(world, args.out)
             ov = dict(SEED_HISTORY[name][0]) if name in SEED_HISTORY else \
                 {**CORRECTED[name], "reward_wrapper": correction}
-            key = f"{os.path.basename(root)}/{name}@{args.steps_scale:g}/w{args.watch_every}"
+            key = f"{os.path.basename(root)}/{name}@{args.steps_scale:g}/w{args.watch_every}e{args.watch_early_every}"
             path = os.path.join(args.out, key.replace("/", "_") + ".json")
             if not os.path.exists(path):
                 print(f"training {key}", flush=True)
                 with open(path + ".tmp", "w") as fh:
-                    json.dump(run_one(world, scaled(ov, args.steps_scale), correction, args.watch_every), fh)
+                    json.dump(run_one(world, scaled(ov, args.steps_scale), correction, args.watch_every,
+                                      args.watch_early_every), fh)
                 os.replace(path + ".tmp", path)
             with open(path) as fh:
                 results[key] = json.load(fh)

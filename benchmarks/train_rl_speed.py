@@ -84,11 +84,13 @@ def compare_loops(cfg: RLConfig, repeats: int) -> dict[str, dict]:
     return out
 
 
-def compare_watch(cfg: RLConfig, repeats: int, every: int) -> dict[str, list[float]]:
+def compare_watch(cfg: RLConfig, repeats: int, every: int, correction: str | None = None) -> dict[str, list[float]]:
     """Per setting (with the partner, one process): the ratio of train_rl's seconds with the watch on
     (every `every` steps, from step 0) to without, per repeat, each pair run back to back; and
     (", inside") the watched run's seconds over the same run's seconds outside the watch, which a
-    drifting machine moves less."""
+    drifting machine moves less. `correction` (a correction file): the watch's predictor and the
+    shortcuts it counts, as in `main`; the watch's dense start is RLConfig's default."""
+    from rlhf_mlflow.core.reward_wrapper import load_wrapper
     from rlhf_mlflow.decisions.watch import Watch
     world = os.path.dirname(os.path.dirname(cfg.prompt_file))
     gold = D.read_jsonl(os.path.join(world, "data", "gold_calib.jsonl"), labelled=True)
@@ -104,7 +106,8 @@ def compare_watch(cfg: RLConfig, repeats: int, every: int) -> dict[str, list[flo
                     return timed(lambda: train_rl(c, on_watch=on_watch))
                 finally:
                     torch.set_num_threads(configure_threads())
-            watch = Watch(M.load_policy(cfg.policy_ref)[0], R.load_rm(cfg.reward_model)[0], None, gold)
+            watch = Watch(M.load_policy(cfg.policy_ref)[0], R.load_rm(cfg.reward_model)[0], load_wrapper(correction),
+                          gold)
             inside = [0.0]
 
             def on_watch(step, policy):
@@ -167,13 +170,15 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--world", default=None, help="world directory (default: the default world, built once)")
     ap.add_argument("--watch-every", type=int, default=0, help="compare train_rl with and without the watch")
+    ap.add_argument("--watch-correction", help="with --watch-every: a correction file (the diagnostic's, as main "
+                                               "passes it): the watch's predictor and the shortcuts it counts")
     a = ap.parse_args()
     threads = configure_threads()
     world = a.world or ensure_world("worlds", 0, None, "full", progress=print)[0]
     cfg = RLConfig(steps=a.steps, log_every=a.steps, batch_prompts=16, samples_per_prompt=8).resolved(world)
     if a.watch_every:
         print(f"world {world}; B=16 G=8, {a.steps} steps, watch every {a.watch_every}, {threads} threads; {load()}")
-        ratios = compare_watch(cfg, a.repeats, a.watch_every)
+        ratios = compare_watch(cfg, a.repeats, a.watch_every, a.watch_correction)
         for name, rs in ratios.items():
             print(f"{name}: with / without the watch, median {statistics.median(rs):.3f} (repeats {rs})")
         print(f"watch_slowdown: {statistics.median(ratios['partner']):.3f}")

@@ -212,6 +212,21 @@ def test_cached_sampler_draws_from_the_policys_distribution(tiny_world):
     assert not _within(second, torch.full((V.N_CONTENT,), 1 / V.N_CONTENT))  # the check has power
 
 
+def test_the_samplers_log_probs_are_the_policys_and_leave_the_draws_alone(tiny_world):
+    """sample(..., logprobs=[]) returns the same responses and each one's log pi(y|x), to float
+    tolerance (certify and the watch use them instead of a forward pass); tempered, the tempered ones."""
+    policy = M.load_policy(os.path.join(tiny_world, "policy"))[0]
+    prompts = D.prompts_tensor(D.read_jsonl(os.path.join(tiny_world, "data", "prompts_train.jsonl"))[:40])
+    lp: list = []
+    ys = rollout.sample(policy, prompts, 3, 1.0, torch.Generator().manual_seed(2), lp)
+    assert torch.equal(ys, rollout.sample(policy, prompts, 3, 1.0, torch.Generator().manual_seed(2)))
+    full = M.sequence_logprobs(policy, prompts.repeat_interleave(3, 0), ys)
+    assert torch.allclose(lp[0], full, atol=1e-4) and full.std() > 0.5
+    hot: list = []
+    hot_ys = rollout.sample(policy, prompts, 3, 2.0, torch.Generator().manual_seed(2), hot)
+    assert (hot[0] - M.sequence_logprobs(policy, prompts.repeat_interleave(3, 0), hot_ys)).abs().mean() > 0.5
+
+
 def test_run_config_round_trips_as_json(tiny_world, tmp_path):
     from dataclasses import asdict
     cfg = load_rl_config(os.path.join(tiny_world, "configs", "default.json"))

@@ -84,6 +84,76 @@ def test_the_rule_fires_on_a_real_drop_once_and_not_on_a_flat_or_rising_family(w
     assert watch.best_step() == 10
 
 
+def test_the_best_point_is_the_best_estimate_even_where_only_labels_can_certify_it():
+    """A point far from the reference (estimates direct: the expert set alone could not certify it)
+    with the higher estimate is the best one, not an early doubly-robust point."""
+    near, far = _point(10, {"anvil": 0.35, "birch": 0.35}), _point(20, {"anvil": 0.45, "birch": 0.45})
+    far.method = dict.fromkeys(far.method, "direct")
+    assert W.best_step([_point(0, {"anvil": 0.3, "birch": 0.3}), near, far]) == 20
+    assert W.best_step([_point(0, {"anvil": 0.3, "birch": 0.3})]) is None  # the reference is no candidate
+
+
+def _with_shortcut(pt: W.WatchPoint, family: str, rise: float, se: float = 0.1) -> W.WatchPoint:
+    pt.shortcuts[family] = {"rule": "pa", "reference_count": 0.2, "policy_count": 0.2 + rise, "rise": rise, "se": se}
+    return pt
+
+
+def test_a_flagged_shortcut_taking_over_fires_before_the_estimate_falls(watch):
+    """The second rule: a shortcut's count per answer above the reference's by more than the gate's
+    marker_collapse bound (0.5) and by z ses fires, with the estimate still flat; a smaller or a noisy
+    rise does not."""
+    fams = list(watch.families)
+    flat = {f: 0.3 for f in fams}
+    assert watch.add(_with_shortcut(_point(0, flat), fams[0], 0.0)).alarms == []
+    assert watch.add(_with_shortcut(_point(10, flat), fams[0], 0.45)).alarms == []        # under the bound
+    assert watch.add(_with_shortcut(_point(20, flat), fams[0], 0.6, se=0.4)).alarms == []  # within noise
+    pt = watch.add(_with_shortcut(_point(30, flat), fams[0], 0.9))
+    assert pt.alarms == [fams[0]] and watch.fired == {fams[0]: 30}
+    assert watch.why == {fams[0]: "shortcut pa 0.20 -> 1.10 per answer"}
+    assert watch.metrics(pt)[f"shortcut_rise/{fams[0]}"] == pytest.approx(0.9)
+
+
+def test_the_watch_counts_the_corrections_shortcuts_under_the_reference_and_the_policy(tiny_world, tmp_path):
+    """With a correction file's RULES the watch counts its shortcuts: the reference against itself
+    has no rise beyond noise, and the reference counts are drawn once, not at every point."""
+    from rlhf_mlflow.core.reward_wrapper import load_wrapper
+    path = tmp_path / "correction.py"
+    path.write_text("from rlhf_mlflow.decisions.correction import apply_rules\n"
+                    "RULES = [{'family': 'dune', 'kind': 'token', 'token': 'pa', 'bonus': 1.4, 'se': 0.02}]\n"
+                    "def transform(records, response_tokens, rewards):\n"
+                    "    return apply_rules(RULES, records, response_tokens, rewards)\n")
+    wrapper = load_wrapper(str(path))
+    assert wrapper.rules == ({"family": "dune", "kind": "token", "token": "pa", "bonus": 1.4},)
+    w = os.path.join(tiny_world, "")
+    gold = D.read_jsonl(w + "data/gold_calib.jsonl", labelled=True)
+    reference = M.load_policy(w + "policy")[0]
+    watch = W.Watch(reference, R.load_rm(w + "reward_model")[0], wrapper, gold)
+    pt = watch.observe(0, reference)
+    assert set(pt.shortcuts) == {"dune"}
+    s = pt.shortcuts["dune"]
+    assert s["reference_count"] > 0 and abs(s["rise"]) < 4 * s["se"] + 0.05 and pt.alarms == []
+    assert watch.fixed["dune"]["shortcuts"][0]["reference_count"] == s["reference_count"]
+
+
+def test_load_wrapper_refuses_rules_outside_the_schema(tmp_path):
+    from rlhf_mlflow.core.reward_wrapper import load_wrapper
+    path = tmp_path / "bad.py"
+    path.write_text("RULES = [{'family': 'dune', 'kind': 'word', 'token': 'pa'}]\n"
+                    "def transform(records, response_tokens, rewards):\n    return rewards\n")
+    with pytest.raises(InputError, match=r"bad.py: RULES\[0\]: unknown kind 'word'; valid kinds are"):
+        load_wrapper(str(path))
+
+
+def test_the_watch_looks_densely_before_its_first_regular_point():
+    cfg = RLConfig(watch_every=50, watch_gold="g.jsonl")
+    assert [s for s in range(0, 161) if cfg.watch_due(s)] == [0, 10, 20, 30, 40, 50, 100, 150]
+    sparse = RLConfig(watch_every=50, watch_early_every=0, watch_gold="g.jsonl")
+    assert [s for s in range(0, 161) if sparse.watch_due(s)] == [0, 50, 100, 150]
+    assert not any(RLConfig().watch_due(s) for s in range(0, 100))
+    with pytest.raises(InputError, match="watch_early_every must be an integer"):
+        RLConfig(watch_every=50, watch_early_every=-5, watch_gold="g.jsonl")
+
+
 def test_watch_on_the_reference_policy_estimates_every_family(watch, tiny_world):
     pt = watch.observe(0, M.load_policy(os.path.join(tiny_world, "policy"))[0])
     assert set(pt.estimate) == set(watch.families) | {"balanced"}

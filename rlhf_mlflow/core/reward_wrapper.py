@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from rlhf_mlflow.core import shortcut_rules as SR
 from rlhf_mlflow.core import vocab as V
 from rlhf_mlflow.core.errors import InputError
 
@@ -25,11 +26,13 @@ Transform = Callable[[list, list, list], list]
 
 @dataclass(frozen=True)
 class RewardWrapper:
-    """A loaded wrapper file: its path, the sha256 of the bytes executed, and their transform."""
+    """A loaded wrapper file: its path, the sha256 of the bytes executed, and their transform; `rules`,
+    the shortcut rules it corrects when it says which (a correction file's RULES: what the watch counts)."""
     path: str
     sha256: str
     source: bytes
     transform: Transform
+    rules: tuple = ()
 
     def __call__(self, records: list, response_tokens: list, rewards: list) -> list:
         return self.transform(records, response_tokens, rewards)
@@ -54,7 +57,20 @@ def load_wrapper(path: str | None) -> RewardWrapper | None:
     transform = getattr(module, "transform", None)
     if not callable(transform):
         raise InputError(f"reward_wrapper {path}: defines no function transform(records, response_tokens, rewards)")
-    return RewardWrapper(path, hashlib.sha256(source).hexdigest(), source, transform)
+    return RewardWrapper(path, hashlib.sha256(source).hexdigest(), source, transform, _rules(module, path))
+
+
+def _rules(module: types.ModuleType, path: str) -> tuple:
+    """The module's RULES (shortcut_rules' schema; extra keys such as a fit's standard error dropped),
+    or () when it has none."""
+    rules = getattr(module, "RULES", None)
+    if rules is None:
+        return ()
+    if not isinstance(rules, list) or not all(isinstance(r, dict) for r in rules):
+        raise InputError(f"reward_wrapper {path}: RULES must be a list of shortcut rules (JSON objects)")
+    keep = [{k: v for k, v in r.items() if k in ("family", "kind", "bonus") + SR.KINDS.get(r.get("kind"), ())}
+            for r in rules]
+    return tuple(SR.validate(keep, f"reward_wrapper {path}: RULES", bonus=False))
 
 
 def apply_wrapper(wrap: Transform, name: str, records: list[dict], responses: torch.Tensor,

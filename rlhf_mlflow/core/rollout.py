@@ -80,11 +80,23 @@ def draw_uniforms(L: int, N: int, generator: torch.Generator | None) -> torch.Te
     return torch.rand(L, N, 1, generator=generator)
 
 
+def _kv_cache(k: torch.Tensor, v: torch.Tensor, L: int, n: int) -> torch.Tensor:
+    """A block's key/value cache laid out (position, 2, B*n, h, dk), so each new position is one
+    contiguous write, with the prompt's keys and values (B, h, P, dk) in front, shared by its n samples."""
+    B, h, P, dk = k.shape
+    c = torch.empty(P + L, 2, B, n, h, dk)
+    c[:P, 0] = k.permute(2, 0, 1, 3)[:, :, None]
+    c[:P, 1] = v.permute(2, 0, 1, 3)[:, :, None]
+    return c.view(P + L, 2, B * n, h, dk)
+
+
 @torch.no_grad()
 def sample_cached(policy: M.Policy, prompts: torch.Tensor, n: int, temperature: float,
                   generator: torch.Generator | None, table: Table | None = None,
-                  uniforms: torch.Tensor | None = None) -> torch.Tensor:
+                  uniforms: torch.Tensor | None = None, logprobs: list | None = None) -> torch.Tensor:
     """prompts (B, P) -> responses (B*n, L); row i belongs to prompt i // n.
+    `logprobs`, when given a list, receives each response's log-probability under the distribution
+    sampled from (the policy's own at temperature 1; M.sequence_logprobs to float tolerance).
 
     Each new token costs one position's forward against cached keys/values (the seed re-ran the whole
     prefix for each of the 8 tokens), and the first block's projection is a table lookup. Row i's
@@ -97,13 +109,7 @@ def sample_cached(policy: M.Policy, prompts: torch.Tensor, n: int, temperature: 
     table = policy.first_layer_table() if table is None else table
     table = tuple(t.detach() for t in table)
     x, kvs = prefix(policy, prompts, table)
-    # cache laid out (position, 2, N, h, dk) so each new position is one contiguous write
-    caches = []
-    for k, v in kvs:
-        c = torch.empty(P + L, 2, B, n, h, dk)
-        c[:P, 0] = k.permute(2, 0, 1, 3)[:, :, None]  # the prompt's keys/values, shared by its n samples
-        c[:P, 1] = v.permute(2, 0, 1, 3)[:, :, None]
-        caches.append(c.view(P + L, 2, N, h, dk))
+    caches = [_kv_cache(k, v, L, n) for k, v in kvs]
     # decode steps look up response tokens only, with the attention scale folded into q once
     qscale = torch.ones(3 * d)
     qscale[:d] = 1.0 / math.sqrt(dk)
@@ -115,12 +121,15 @@ def sample_cached(policy: M.Policy, prompts: torch.Tensor, n: int, temperature: 
     last = _layer_norm(policy.ln, x[:, -1]).repeat_interleave(n, 0)  # (N, d)
     if uniforms is None:
         uniforms = draw_uniforms(L, N, generator)
-    picks = []
+    picks, seq_lp = [], torch.zeros(N) if logprobs is not None else None
     for t in range(L):
-        cdf = torch.softmax(F.linear(last, head_w), dim=-1).cumsum_(-1)  # (N, C)
+        probs = torch.softmax(F.linear(last, head_w), dim=-1)  # (N, C)
+        cdf = probs.cumsum(-1) if seq_lp is not None else probs.cumsum_(-1)
         # inverse-CDF draw, one uniform per row: the first token whose cdf reaches u * total
         idx = torch.searchsorted(cdf, uniforms[t] * cdf[:, -1:]).view(N)
         picks.append(idx)
+        if seq_lp is not None:
+            seq_lp += probs.gather(1, idx[:, None]).squeeze(1).log()
         if t == L - 1:
             break
         rows = resp_rows[t].index_select(0, idx)  # (N, 4d)
@@ -138,10 +147,12 @@ def sample_cached(policy: M.Policy, prompts: torch.Tensor, n: int, temperature: 
             x = x + F.linear(att.view(N, d), a.out.weight, a.out.bias)
             x = x + _ffn(blk, x)
         last = _layer_norm(policy.ln, x)
+    if seq_lp is not None:
+        logprobs.append(seq_lp)
     return torch.stack(picks, 1) + V.CONTENT_LO
 
 
 def sample(policy: M.Policy, prompts: torch.Tensor, n_per_prompt: int = 1, temperature: float = 1.0,
-           generator: torch.Generator | None = None) -> torch.Tensor:
-    """prompts (B, P) -> responses (B*n, L); row i belongs to prompt i // n."""
-    return sample_cached(policy, prompts, n_per_prompt, temperature, generator)
+           generator: torch.Generator | None = None, logprobs: list | None = None) -> torch.Tensor:
+    """prompts (B, P) -> responses (B*n, L); row i belongs to prompt i // n (sample_cached's `logprobs`)."""
+    return sample_cached(policy, prompts, n_per_prompt, temperature, generator, logprobs=logprobs)

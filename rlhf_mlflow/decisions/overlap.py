@@ -25,9 +25,13 @@ def own_samples(policy, reference, prompts, cfg, gen: torch.Generator, with_refe
     and weight_support draw the same ones; None for the reference's without `with_reference`), and
     the log-ratios of the policy's own samples."""
     K = cfg.samples_per_prompt
-    own = rollout.sample(policy, prompts, K, cfg.temperature, gen)           # (n*K, L), grouped by prompt
+    own_lp: list = []  # at temperature 1 the sampler's log-probs are the policy's: one forward pass saved
+    own = rollout.sample(policy, prompts, K, cfg.temperature, gen, own_lp if cfg.temperature == 1.0 else None)
     ref_own = rollout.sample(reference, prompts, K, cfg.temperature, gen) if with_reference else None
-    return own, ref_own, log_ratios(policy, reference, prompts.repeat_interleave(K, 0), own)
+    prompts_rep = prompts.repeat_interleave(K, 0)
+    if not own_lp:
+        return own, ref_own, log_ratios(policy, reference, prompts_rep, own)
+    return own, ref_own, (own_lp[0] - M.sequence_logprobs(reference, prompts_rep, own)).double().numpy()
 
 
 def log_ratios(policy, reference, prompts, responses) -> np.ndarray:

@@ -2,7 +2,8 @@
 set (certify's estimator, not a copy), the Gao-form fit of its gain against sqrt(KL), and the rule that
 says a family is past its peak.
 
-Every `watch_every` steps, per family with expert rows:
+Every `watch_every` steps (and every `watch_early_every` before the first: RLConfig.watch_due), per
+family with expert rows:
   - certify.family_evidence + estimate_family on the current policy: the calibrated, corrected reward
     model on the policy's own samples plus the importance-weighted calibration residuals (doubly
     robust) where the overlap rule allows, else the direct estimate alone, held above the family's
@@ -14,6 +15,11 @@ Every `watch_every` steps, per family with expert rows:
     the expert rows (their errors correlate positively), so it overstates the noise of the
     difference: conservative. The paired bootstrap difference was tried first and is too narrow: it
     leaves out the fresh policy samples' noise (2 of 6 clean families fired on default-s800).
+  - A shortcut taking over (the second rule): a flagged shortcut the run's correction names (its
+    RULES) occurs, per answer of the policy's own samples, more than `max_shortcut_rise` (0.5, the
+    release gate's marker_collapse bound) above the reference's count, and by more than `z` standard
+    errors. It moves before the truth falls: on the default world the shortcut counts of dune and
+    ember triple within 20 steps of default-s800, while their truth first falls 0.05 at step 25.
   - Gao et al. (2022): gain g(d) = d (alpha - beta log d), d = sqrt(KL), fitted by least squares
     weighted by 1 / se^2 (linear in alpha, beta); the peak d* = exp(alpha / beta - 1) when beta > 0.
 The watch never reads a label of the policy's own samples, nor the world's truth.
@@ -27,6 +33,7 @@ import numpy as np
 import torch
 
 from rlhf_mlflow.core import records as D
+from rlhf_mlflow.core import shortcut_rules as SR
 from rlhf_mlflow.core import vocab as V
 from rlhf_mlflow.core.config import check_range
 from rlhf_mlflow.decisions import certify as C
@@ -41,12 +48,17 @@ class WatchConfig:
     n_boot: int = 200
     """Bootstrap resamples of the expert rows."""
     z: float = 2.0
-    """A drop counts when it exceeds this many sds of the paired bootstrap difference."""
+    """A drop counts when it exceeds this many combined standard errors; a shortcut's rise, this many of its own."""
     min_drop: float = 0.02
     """... and is at least this large (true-quality units): smaller turns are not worth a warning."""
     confirm: int = 1
     """Consecutive watch points a drop must hold at before the family is past its peak (1: the first;
     on the default world the truth of dune and ember falls within 30 steps, so waiting costs a watch)."""
+    max_shortcut_rise: float = 0.5
+    """A flagged shortcut's count per answer above the reference's by more than this is an alarm (the
+    release gate's marker_collapse bound, GateConfig.max_marker_increase)."""
+    reference_samples: int = 8
+    """Reference samples per expert prompt for the shortcuts' reference counts (drawn once)."""
     seed: int = 0
     """Seed of the policy samples and the bootstrap (the same at every watch point)."""
 
@@ -56,6 +68,8 @@ class WatchConfig:
         check_range("z", self.z, 0)
         check_range("min_drop", self.min_drop, 0)
         check_range("confirm", self.confirm, 1, integer=True)
+        check_range("max_shortcut_rise", self.max_shortcut_rise, 0)
+        check_range("reference_samples", self.reference_samples, 1, integer=True)
 
 
 @dataclass
@@ -72,6 +86,9 @@ class WatchPoint:
     alarms: list[str] = field(default_factory=list)
     best: bool = False
     """Whether this point is the best trained one so far (Watch.best_step)."""
+    shortcuts: dict[str, dict] = field(default_factory=dict)
+    """Per family with flagged shortcuts, the one risen most: its rule, policy and reference counts per
+    answer, the rise and its se."""
 
 
 def gao_fit(d, gain, se) -> dict:
@@ -95,6 +112,23 @@ def gao_curve(fit: dict, d) -> np.ndarray:
     return np.where(d > 0, d * (fit["alpha"] - fit["beta"] * np.log(safe)), 0.0)
 
 
+def shortcut_rises(counted: list[dict]) -> dict | None:
+    """The shortcut among one family's counts (certify.family_evidence's `shortcuts`) whose count per
+    answer rose most over the reference's, with the rise and its se; None without shortcuts."""
+    if not counted:
+        return None
+    top = max(counted, key=lambda s: s["policy_count"] - s["reference_count"])
+    return {"rule": SR.describe(top), "policy_count": top["policy_count"], "reference_count": top["reference_count"],
+            "rise": top["policy_count"] - top["reference_count"], "se": top["policy_count_se"]}
+
+
+def shortcut_alarm(pt: WatchPoint, family: str, cfg: WatchConfig) -> bool:
+    """Whether a flagged shortcut took over at this point: its count per answer above the reference's by
+    more than max_shortcut_rise and by more than z standard errors."""
+    s = pt.shortcuts.get(family)
+    return s is not None and s["rise"] > cfg.max_shortcut_rise and s["rise"] > cfg.z * s["se"]
+
+
 def below_best(points: list[WatchPoint], family: str, cfg: WatchConfig) -> bool:
     """Whether the last point's estimate is below the best earlier one by more than z combined ses
     (sqrt(se_best^2 + se_last^2)) and by at least min_drop."""
@@ -109,11 +143,19 @@ def below_best(points: list[WatchPoint], family: str, cfg: WatchConfig) -> bool:
 class Watch:
     """Estimates at each call, remembers the points, says which families passed their peak."""
 
-    def __init__(self, reference, rm, wrapper, gold: list[dict], cfg: WatchConfig = WatchConfig()):
+    def __init__(self, reference, rm, wrapper, gold: list[dict], cfg: WatchConfig = WatchConfig(),
+                 shortcuts: list[dict] = ()):
+        """`shortcuts`: the flagged shortcut rules to count (default: the wrapper's RULES, if any)."""
         self.reference, self.rm, self.wrapper, self.cfg = reference, rm, wrapper, cfg
         by_family = D.group_by_family(gold)
         self.families = {f: by_family[f] for f in V.FAMILIES if f in by_family}
-        self.fixed = {f: C.fixed_evidence(reference, rm, wrapper, rows) for f, rows in self.families.items()}
+        shortcuts = list(shortcuts or getattr(wrapper, "rules", ()))
+        ref_cfg = C.CertifyConfig(samples_per_prompt=cfg.reference_samples)
+        gen = torch.Generator().manual_seed(cfg.seed + 1)
+        self.fixed = {f: C.fixed_evidence(reference, rm, wrapper, rows, shortcuts, ref_cfg, gen)
+                      for f, rows in self.families.items()}
+        self.why: dict[str, str] = {}
+        """Per fired family, which rule fired: `estimate fell` or `shortcut <rule> <ref> -> <count> per answer`."""
         self.ccfg = C.CertifyConfig(samples_per_prompt=cfg.samples_per_prompt, n_boot=cfg.n_boot, seed=cfg.seed)
         self.points: list[WatchPoint] = []
         self.fired: dict[str, int] = {}
@@ -138,6 +180,8 @@ class Watch:
                 draws = np.maximum(O.calibration_draws(ev["scores"], ev["labels"], ev["policy_scores"], idx)[2], lo)
                 pt.estimate[f], pt.method[f] = max(float(row["direct"]), lo), "direct"
             pt.draws[f], pt.kl[f] = draws, max(row["kl"], 0.0)
+            if (rise := shortcut_rises(ev["shortcuts"])) is not None:
+                pt.shortcuts[f] = rise
             pt.gain[f] = pt.estimate[f] - row["reference"]
         fams = list(self.families)
         pt.estimate["balanced"] = float(np.mean([pt.estimate[f] for f in fams]))
@@ -156,8 +200,12 @@ class Watch:
         self.points.append(pt)
         for f in self.families:
             self._streak[f] = self._streak[f] + 1 if below_best(self.points, f, self.cfg) else 0
-            if self._streak[f] >= self.cfg.confirm and f not in self.fired:
+            fell, took_over = self._streak[f] >= self.cfg.confirm, shortcut_alarm(pt, f, self.cfg)
+            if (fell or took_over) and f not in self.fired:
                 self.fired[f] = pt.step
+                s = pt.shortcuts.get(f)
+                self.why[f] = "estimate fell" if fell else \
+                    f"shortcut {s['rule']} {s['reference_count']:.2f} -> {s['policy_count']:.2f} per answer"
                 pt.alarms.append(f)
         pt.best = self.best_step() == pt.step
         return pt
@@ -175,18 +223,20 @@ class Watch:
                 if fit[k] is not None:
                     out[f"gao_{k}/{f}"] = fit[k]
             out[f"past_peak/{f}"] = float(f in self.fired)
+        out.update({f"shortcut_rise/{f}": s["rise"] for f, s in pt.shortcuts.items()})
         return out
 
     def best_step(self) -> int | None:
         """The step of the trained point (step > 0: the reference is what training is measured
-        against, not a candidate) with the best balanced estimate, among the points where overlap let
-        every family's estimate be doubly robust (a checkpoint certify could give a number), else
-        among all; the first such; None before a trained point."""
+        against, not a candidate) with the best balanced estimate; the first such; None before a
+        trained point. Whether the expert set alone could certify it is not asked: `main` buys labels
+        on the policy's own samples where it cannot (preferring the points that overlap allowed picked
+        step 30 of corrected-kl005-s1200 once the watch looked every 10 steps early on, truth 0.40
+        against 0.53 at its best point)."""
         return best_step(self.points)
 
 
 def best_step(points: list[WatchPoint]) -> int | None:
     """Watch.best_step of these points (a benchmark asks it of the points before an alarm)."""
     trained = [p for p in points if p.step > 0]
-    dr = [p for p in trained if all(m == "doubly_robust" for m in p.method.values())]
-    return max(dr or trained, key=lambda p: p.estimate["balanced"]).step if trained else None
+    return max(trained, key=lambda p: p.estimate["balanced"]).step if trained else None

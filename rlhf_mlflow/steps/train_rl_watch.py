@@ -45,10 +45,12 @@ class RunWatch:
         if not pt.alarms or self.cfg.early_stop == "off":
             return "continue"
         fired = ", ".join(f"{f}@{s}" for f, s in self.watch.fired.items())
-        T.set_tags({"rlhf.watch.past_peak": fired})
-        log.warning("step %d: %s past its peak by the watch's estimate (%s)", step, ", ".join(pt.alarms), fired)
+        T.set_tags({"rlhf.watch.past_peak": fired,
+                    "rlhf.watch.why": "; ".join(f"{f}: {why}" for f, why in self.watch.why.items())})
+        why = "; ".join(f"{f}: {self.watch.why[f]}" for f in pt.alarms)
+        log.warning("step %d: past its peak by the watch: %s (so far: %s)", step, why, fired)
         if self.cfg.early_stop == "stop":
-            T.set_tags({"rlhf.watch.stopped": f"step {step}: {', '.join(pt.alarms)} past its peak; "
+            T.set_tags({"rlhf.watch.stopped": f"step {step}: {', '.join(pt.alarms)} past its peak ({why}); "
                                               f"best estimated balanced truth at step {self.best[0]}"})
             return "stop"
         return "continue"

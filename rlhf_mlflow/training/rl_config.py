@@ -55,6 +55,9 @@ class RLConfig:
     """Gradient-norm clip."""
     watch_every: int = 0
     """Estimate each family's true quality from the expert set every this many steps (0: no watch)."""
+    watch_early_every: int = 10
+    """Before the first `watch_every` step, watch every this many steps too (0: no dense start): the
+    default world's corruptions are exploited within ~25 steps (docs/WATCH.md)."""
     watch_gold: str | None = None
     """The watch's expert set (labelled reference samples, JSONL); required when watch_every > 0."""
     watch_correction: str | None = None
@@ -77,11 +80,20 @@ class RLConfig:
                              f"samples of the same prompt, got {self.samples_per_prompt!r}")
         D.check_family_weights(self.family_weights)
         check_range("watch_every", self.watch_every, 0, None, integer=True)
+        check_range("watch_early_every", self.watch_early_every, 0, None, integer=True)
         if self.watch_every and not self.watch_gold:
             raise InputError(f"watch_every={self.watch_every} needs watch_gold, the expert set the watch "
                              "estimates from (a world's data/gold_calib.jsonl)")
         if self.early_stop not in EARLY_STOP:
             raise InputError(f"early_stop must be one of {', '.join(EARLY_STOP)}, got {self.early_stop!r}")
+
+    def watch_due(self, step: int) -> bool:
+        """Whether the watch looks at this step: 0, every watch_early_every steps before watch_every,
+        then every watch_every steps."""
+        if not self.watch_every:
+            return False
+        early = self.watch_early_every and step < self.watch_every and step % self.watch_early_every == 0
+        return step % self.watch_every == 0 or bool(early)
 
     def resolved(self, root: str) -> "RLConfig":
         """Relative paths made absolute against `root`; policy_init defaults to policy_ref."""

@@ -157,8 +157,8 @@ class Resume:
 
 OnCheckpoint = Callable[[int, M.Policy, TrainState], None]
 OnWatch = Callable[[int, M.Policy], str]
-"""`on_watch(step, policy)` -> "continue" or "stop": called before the first step and every
-`watch_every` steps after it; "stop" ends the run there."""
+"""`on_watch(step, policy)` -> "continue" or "stop": called before the first step and at every step
+cfg.watch_due says (every `watch_every` steps, more often before the first); "stop" ends the run there."""
 
 
 def train_rl(cfg: RLConfig, on_log: Callable[[int, dict], None] | None = None,
@@ -173,7 +173,7 @@ def train_rl(cfg: RLConfig, on_log: Callable[[int, dict], None] | None = None,
     `on_checkpoint(step, policy, state)` is called every `save_every` steps with what a later `resume`
     needs; resumed from such a checkpoint, the run continues as if it had never stopped.
     `timings`, when given, accumulates seconds spent sampling, scoring (reward, log-probs, KL) and in
-    backward + optimiser step. `on_watch` (see OnWatch) runs every cfg.watch_every steps when that is > 0.
+    backward + optimiser step. `on_watch` (see OnWatch) runs where cfg.watch_due says, when watch_every > 0.
     """
     clock = timings if timings is not None else {}
     clock.update({k: clock.get(k, 0.0) for k in ("sample", "score", "backward")})
@@ -204,7 +204,7 @@ def train_rl(cfg: RLConfig, on_log: Callable[[int, dict], None] | None = None,
             acc.add(family_of(prompts).repeat_interleave(cfg.samples_per_prompt), stats, responses)
             scalars["loss"] += loss
             scalars["grad_norm"] += grad_norm
-            stop = bool(cfg.watch_every) and step % cfg.watch_every == 0 and watch(step)
+            stop = cfg.watch_due(step) and watch(step)
             if step % cfg.log_every == 0 or step == cfg.steps or stop:
                 n, seconds = step % cfg.log_every or cfg.log_every, time.perf_counter() - t_window
                 result.history.append((step, _report(step, n, step - window_from, seconds, acc, scalars)))
