@@ -170,6 +170,23 @@ def test_a_failing_partner_process_raises_and_leaves_no_process(tiny_world, monk
     assert multiprocessing.active_children() == []
 
 
+def test_the_watch_gets_both_cores_while_the_partner_naps(tiny_world):
+    """With a partner process this side trains on one thread; an `on_watch` callback runs on the
+    thread count the run started with (the partner naps meanwhile), and training gets one back after."""
+    cfg = _cfg(tiny_world, steps=4, watch_every=2, watch_gold="data/gold_calib.jsonl", watch_early_every=0)
+    seen: list[tuple[int, int]] = []
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        train_rl(cfg, on_watch=lambda step, policy: seen.append((step, torch.get_num_threads())) or "continue",
+                 on_log=lambda step, metrics: seen.append((-step, torch.get_num_threads())))
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(threads)
+    assert [s for s in seen if s[0] >= 0] == [(0, 2), (2, 2), (4, 2)]
+    assert {n for s, n in seen if s < 0} == {1}  # logging happens on the training side's one thread
+
+
 def test_an_error_on_the_main_side_stops_the_partner(tiny_world, tmp_path):
     """A reward wrapper that raises (main side, mid-step) ends the run with its error; the partner exits."""
     import multiprocessing

@@ -42,7 +42,7 @@ from rlhf_mlflow.core.reward_wrapper import RewardWrapper, load_wrapper
 from rlhf_mlflow.decisions import labelled as L
 from rlhf_mlflow.decisions import ope_math as O
 from rlhf_mlflow.decisions.label_requests import read_labels
-from rlhf_mlflow.decisions.evidence import family_evidence, fixed_evidence  # noqa: F401 (certify's API)
+from rlhf_mlflow.decisions.evidence import families_evidence, family_evidence, fixed_evidence  # noqa: F401 (certify's API)
 from rlhf_mlflow.decisions.evidence import scores as _scores
 from rlhf_mlflow.decisions.overlap import support
 from rlhf_mlflow.decisions.overlap import weight_support as _weight_support

@@ -55,9 +55,10 @@ class RLConfig:
     """Gradient-norm clip."""
     watch_every: int = 0
     """Estimate each family's true quality from the expert set every this many steps (0: no watch)."""
-    watch_early_every: int = 10
+    watch_early_every: int = 20
     """Before the first `watch_every` step, watch every this many steps too (0: no dense start): the
-    default world's corruptions are exploited within ~25 steps (docs/WATCH.md)."""
+    default world's corruptions are exploited within ~25 steps (docs/WATCH.md). Every 10 caught them no
+    earlier there and cost two more points (docs/PERFORMANCE.md)."""
     watch_gold: str | None = None
     """The watch's expert set (labelled reference samples, JSONL); required when watch_every > 0."""
     watch_correction: str | None = None

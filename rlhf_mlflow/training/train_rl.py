@@ -136,12 +136,15 @@ def _report(step: int, n: int, steps_run: int, seconds: float, acc: FamilyAccumu
     return metrics
 
 
-def _watcher(cfg: RLConfig, on_watch: OnWatch | None, policy: M.Policy) -> Callable[[int], bool]:
-    """step -> whether the watch says stop (never without a watch)."""
+def _watcher(cfg: RLConfig, on_watch: OnWatch | None, policy: M.Policy,
+             partner: Partner | None) -> Callable[[int], bool]:
+    """step -> whether the watch says stop (never without a watch). With a partner process, the watch
+    runs on both cores while the partner naps."""
     def watch(step: int) -> bool:
         if on_watch is None or not cfg.watch_every:
             return False
-        verdict = on_watch(step, policy)
+        with partner.both_cores() if partner is not None else contextlib.nullcontext():
+            verdict = on_watch(step, policy)
         if verdict not in ("continue", "stop"):
             raise ValueError(f"on_watch returned {verdict!r}; expected 'continue' or 'stop'")
         return verdict == "stop"
@@ -195,7 +198,7 @@ def train_rl(cfg: RLConfig, on_log: Callable[[int, dict], None] | None = None,
                                               cfg.samples_per_prompt, cfg.temperature)) \
             if available(torch.get_num_threads(), cfg.batch_prompts) else None
         learner = Learner(cfg, policy, frozen, opt, rng, wrap, partner)
-        watch = _watcher(cfg, on_watch, policy)
+        watch = _watcher(cfg, on_watch, policy, partner)
         if start == 0:
             watch(0)  # the reference's point: nothing to stop yet
         for step in range(start + 1, cfg.steps + 1):

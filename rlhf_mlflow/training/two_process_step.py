@@ -17,6 +17,7 @@ one process would draw, to float tolerance.
 """
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import os
 import sys
@@ -30,8 +31,9 @@ from rlhf_mlflow.core import model as M
 from rlhf_mlflow.core import reward_model as R
 from rlhf_mlflow.core import rollout
 
-# flag slots: the step the partner should run (STOP ends it), the last step each side finished a phase of
-GO, PARTNER_SAMPLED, MAIN_SAMPLED, SCORED, FAILED = range(5)
+# flag slots: the step the partner should run (STOP ends it), the last step each side finished a phase of,
+# whether it failed, and whether this process has both cores for a while (Partner.both_cores)
+GO, PARTNER_SAMPLED, MAIN_SAMPLED, SCORED, FAILED, AWAY = range(6)
 STOP = -1
 SPIN_SECONDS = 0.05  # busy-wait this long, then nap between looks (see wait_for)
 
@@ -42,17 +44,18 @@ class PartnerFailed(RuntimeError):
 
 def wait_for(flags, slot: int, seq: int, still_ok: Callable[[], bool]) -> bool:
     """Spin until flags[slot] >= seq; True then, False as soon as still_ok() says no (asked every 4096
-    looks). After SPIN_SECONDS of waiting the other side is away (logging, saving a checkpoint), so nap
-    100 us between looks instead of holding a CPU it may want."""
+    looks). After SPIN_SECONDS of waiting, or at once when flags[AWAY] says so, the other side is away
+    (logging, saving a checkpoint, the watch), so nap 100 us between looks instead of holding a CPU it
+    may want."""
     start, looks, idle = time.perf_counter(), 0, False
     while flags[slot] < seq:
         looks += 1
         if idle:
-            time.sleep(1e-4)
+            time.sleep(1e-3 if flags[AWAY] else 1e-4)
         if looks % 4096 == 0 or idle:
             if not still_ok():
                 return False
-            idle = idle or time.perf_counter() - start > SPIN_SECONDS
+            idle = idle or flags[AWAY] or time.perf_counter() - start > SPIN_SECONDS
     return still_ok()
 
 
@@ -77,7 +80,7 @@ class Partner:
                     "responses": torch.zeros(N, L, dtype=torch.long), "raw": torch.zeros(N)}
         for t in self.buf.values():
             t.share_memory_()
-        self.flags_t = torch.zeros(5, dtype=torch.int64).share_memory_()  # kept: it owns the shared memory
+        self.flags_t = torch.zeros(6, dtype=torch.int64).share_memory_()  # kept: it owns the shared memory
         self.flags = self.flags_t.numpy()  # a numpy view: a Python-level read or write costs ~100 ns
         self.seq = 0
         policy.share_memory()  # parameters to shared memory before the fork: updates reach the partner
@@ -107,6 +110,19 @@ class Partner:
         """The reward model's scores (N,) of this step's responses."""
         self._wait(SCORED)
         return self.buf["raw"].clone()
+
+    @contextlib.contextmanager
+    def both_cores(self):
+        """For work between steps that can use two threads (the over-optimisation watch): the partner
+        naps at once instead of spinning for SPIN_SECONDS, and this process runs with the thread count
+        it had before the partner started."""
+        self.flags[AWAY] = 1
+        torch.set_num_threads(self.threads)
+        try:
+            yield
+        finally:
+            torch.set_num_threads(1)
+            self.flags[AWAY] = 0
 
     def _wait(self, slot: int) -> None:
         if not wait_for(self.flags, slot, self.seq, lambda: not self.flags[FAILED] and self.proc.is_alive()):
