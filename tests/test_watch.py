@@ -59,6 +59,43 @@ def test_gao_fit_reports_no_peak_when_the_gain_never_turns():
     assert W.gao_fit([0.0, 0.5], [0.0, 0.1], [0.01, 0.01])["alpha"] is None  # one point with d > 0: no fit
 
 
+def test_the_best_of_n_form_recovers_alpha_beta_and_its_peak():
+    from rlhf_mlflow.decisions import bon_watch as BW
+    d = np.sqrt([BW.bon_kl(n) for n in BW.ladder(256)[1:]])
+    gain = d * (0.4 - 0.25 * d)
+    fit = W.gao_fit(d, gain, np.full_like(d, 0.01), "bon")
+    assert fit["alpha"] == pytest.approx(0.4, abs=1e-9) and fit["beta"] == pytest.approx(0.25, abs=1e-9)
+    assert fit["peak_d"] == pytest.approx(0.8) and fit["peak_kl"] == pytest.approx(0.64)
+    assert np.allclose(W.gao_curve(fit, d), gain)
+    assert W.gao_fit(d, gain, np.full_like(d, 0.01))["form"] == "rl"  # the RL form is the default
+    assert BW.ladder(32) == [1, 2, 4, 8, 16, 32] and BW.ladder(5) == [1, 2, 4, 5] and BW.ladder(1) == [1]
+    assert BW.bon_kl(1) == 0 and BW.bon_kl(2) == pytest.approx(np.log(2) - 0.5)
+
+
+def test_bon_with_an_expert_set_logs_the_curve_on_the_n_axis_and_its_fit(tiny_world):
+    """`bon --watch-gold`: the watch's estimate of best-of-n's true quality at n = 1, 2, 4, 8 on the
+    step axis, the fit at the last n, the figure. At n = 1 best-of-n is the policy itself (here the
+    expert set's reference), so the estimate must sit on the expert labels' mean within its noise."""
+    w = os.path.join(tiny_world, "")
+    res = _run("bon", "--policy", w + "policy", "--reward-model", w + "reward_model", "--prompts",
+               w + "data/prompts_dev.jsonl", "--n", 8, "--limit", 10, "--watch-gold", w + "data/gold_calib.jsonl")
+    assert res.exit_code == 0, res.output
+    (run,) = mlflow.search_runs(search_all_experiments=True, filter_string="tags.`rlhf.step` = 'bon'",
+                                output_format="list")
+    client = mlflow.MlflowClient()
+    gold = D.read_jsonl(w + "data/gold_calib.jsonl", labelled=True)
+    for f, rows in D.group_by_family(gold).items():
+        hist = {m.step: m.value for m in client.get_metric_history(run.info.run_id, f"bon/watch/{f}")}
+        se = {m.step: m.value for m in client.get_metric_history(run.info.run_id, f"bon/watch/se/{f}")}
+        assert sorted(hist) == [1, 2, 4, 8], f
+        assert abs(hist[1] - np.mean([r["label"] for r in rows])) < 4 * se[1] + 0.01, f
+    assert any(k.startswith("bon/watch/gao_alpha/") for k in run.data.metrics)
+    assert "figures/bon_gao_fits.png" in [a.path for a in client.list_artifacts(run.info.run_id, "figures")]
+    res = _run("bon", "--policy", w + "policy", "--reward-model", w + "reward_model", "--prompts",
+               w + "data/prompts_dev.jsonl", "--watch-correction", "c.py")
+    assert res.exit_code != 0 and "--watch-correction needs --watch-gold" in res.output
+
+
 def _point(step, values: dict[str, float], noise: float = 0.01) -> W.WatchPoint:
     """A synthetic watch point: every point's draws share the same noise (paired, as the watch's are)."""
     z = np.random.default_rng(0).normal(0, 1, 200)
@@ -146,7 +183,7 @@ def test_load_wrapper_refuses_rules_outside_the_schema(tmp_path):
 
 def test_the_watch_looks_densely_before_its_first_regular_point():
     cfg = RLConfig(watch_every=50, watch_gold="g.jsonl")
-    assert [s for s in range(0, 161) if cfg.watch_due(s)] == [0, 10, 20, 30, 40, 50, 100, 150]
+    assert [s for s in range(0, 161) if cfg.watch_due(s)] == [0, 20, 40, 50, 100, 150]
     sparse = RLConfig(watch_every=50, watch_early_every=0, watch_gold="g.jsonl")
     assert [s for s in range(0, 161) if sparse.watch_due(s)] == [0, 50, 100, 150]
     assert not any(RLConfig().watch_due(s) for s in range(0, 100))
@@ -211,3 +248,31 @@ def test_the_watch_does_not_change_what_training_learns(watch, tiny_world):
     watched = train_rl(watched_cfg, on_watch=lambda step, policy: watch.observe(step, policy) and "continue")
     assert [p.step for p in watch.points] == [0, 2, 4]
     assert all(torch.equal(plain[k], watched.policy.state_dict()[k]) for k in plain)
+
+
+def test_evidence_of_all_families_at_once_is_each_familys_own(tiny_world):
+    """families_evidence runs each model once over every family's rows (the watch's speed); each
+    family's slice must be what family_evidence gives it alone. Near-greedy sampling (temperature
+    1e-6) makes the samples independent of the random stream, so the two agree to float tolerance."""
+    from rlhf_mlflow.decisions import certify as C
+    w = os.path.join(tiny_world, "")
+    gold = D.read_jsonl(w + "data/gold_calib.jsonl", labelled=True)
+    reference, rm = M.load_policy(w + "policy")[0], R.load_rm(w + "reward_model")[0]
+    policy = M.load_policy(w + "policy")[0]
+    with torch.no_grad():  # a policy that differs from the reference: nonzero log-ratios and KL
+        for p in policy.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())))
+    by_family = D.group_by_family(gold)
+    assert len(by_family) > 1
+    cfg = C.CertifyConfig(samples_per_prompt=2, temperature=1e-6)
+    fixed = {f: C.fixed_evidence(reference, rm, None, rows) for f, rows in by_family.items()}
+    together = C.families_evidence(policy, reference, rm, None, by_family, cfg, torch.Generator().manual_seed(3),
+                                   fixed)
+    assert list(together) == list(by_family)
+    for f, rows in by_family.items():
+        alone = C.family_evidence(policy, reference, rm, None, rows, cfg, [], torch.Generator().manual_seed(4),
+                                  fixed[f])
+        for k in ("log_ratios", "labels", "scores", "policy_scores_all", "policy_scores"):
+            np.testing.assert_allclose(together[f][k], alone[k], atol=1e-5, err_msg=f"{f} {k}")
+        assert together[f]["kl"] == pytest.approx(alone["kl"], abs=1e-5) and abs(alone["kl"]) > 1e-4
+        assert together[f]["pop_ess"] == pytest.approx(alone["pop_ess"], rel=1e-4)

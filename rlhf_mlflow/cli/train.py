@@ -79,10 +79,18 @@ def train_rm_cmd(data, out, epochs, lr, batch_size, lr_schedule, seed, gold):
 @click.option("--limit", type=click.IntRange(1), default=None, help="Use only the first LIMIT prompts.")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--out", default=None, help="Write the chosen samples here (JSONL).")
-def bon_cmd(policy, reward_model, prompts, n, limit, seed, out):
+@click.option("--watch-gold", default=None,
+              help="An expert set (labelled reference samples, JSONL, e.g. a world's data/gold_calib.jsonl): "
+                   "also estimate each family's true quality of best-of-n at n = 1, 2, 4, ..., N and fit "
+                   "the best-of-n form (docs/WATCH.md).")
+@click.option("--watch-correction", default=None,
+              help="With --watch-gold: a reward wrapper (the diagnostic's correction) applied in the estimates.")
+def bon_cmd(policy, reward_model, prompts, n, limit, seed, out, watch_gold, watch_correction):
     """Best-of-N selection against a reward model, as an MLflow run."""
     from rlhf_mlflow.steps.bon import run_bon
-    echo_json(run_bon(policy, reward_model, prompts, n, limit, seed, out))
+    if watch_correction and not watch_gold:
+        raise click.UsageError("--watch-correction needs --watch-gold (the expert set the estimates come from)")
+    echo_json(run_bon(policy, reward_model, prompts, n, limit, seed, out, watch_gold, watch_correction))
 
 
 @click.command("replay-history")

@@ -4,7 +4,7 @@ says a family is past its peak.
 
 Every `watch_every` steps (and every `watch_early_every` before the first: RLConfig.watch_due), per
 family with expert rows:
-  - certify.family_evidence + estimate_family on the current policy: the calibrated, corrected reward
+  - certify.families_evidence + estimate_family on the current policy: the calibrated, corrected reward
     model on the policy's own samples plus the importance-weighted calibration residuals (doubly
     robust) where the overlap rule allows, else the direct estimate alone, held above the family's
     lowest expert label; its standard error is the bootstrap's sd over the expert rows. Every
@@ -91,25 +91,61 @@ class WatchPoint:
     answer, the rise and its se."""
 
 
-def gao_fit(d, gain, se) -> dict:
-    """Weighted least squares of gain = d (alpha - beta log d); peak_d = exp(alpha/beta - 1) and
-    peak_kl = peak_d^2 when beta > 0 (else None: no peak in the fitted form)."""
+MIN_KL = 1e-5
+"""A KL estimate below this is float32 rounding of the sequence log-probs, not a policy that moved (the
+reference against itself reads 0 to 3e-7 nats): such points carry no d for the fit."""
+
+
+FORMS = {"rl": (lambda d: -d * np.log(d), lambda alpha, beta: math.exp(min(alpha / beta - 1, 50.0))),
+         "bon": (lambda d: -d * d, lambda alpha, beta: alpha / (2 * beta))}
+"""Gao et al.'s two forms, gain = alpha d + beta * second(d): RL's d (alpha - beta log d), peak
+exp(alpha/beta - 1); best-of-n's d (alpha - beta d), peak alpha / (2 beta). Each: (second, peak_d)."""
+
+
+def gao_fit(d, gain, se, form: str = "rl") -> dict:
+    """Weighted least squares (weights 1/se^2) of the `form`'s gain (FORMS) over the points with
+    d^2 >= MIN_KL; its peak_d and peak_kl = peak_d^2 when beta > 0 (else None: no peak in the
+    fitted form)."""
+    second, peak_of = FORMS[form]
     d, gain, se = (np.asarray(x, float) for x in (d, gain, se))
-    keep = d > 0
+    keep = d * d >= MIN_KL
     d, gain, w = d[keep], gain[keep], 1.0 / np.maximum(se[keep], 1e-6)  # sqrt of the weights 1/se^2
     if len(d) < 2:
-        return {"alpha": None, "beta": None, "peak_d": None, "peak_kl": None}
-    X = np.stack([d, -d * np.log(d)], 1)                                # (n, 2)
+        return {"form": form, "alpha": None, "beta": None, "peak_d": None, "peak_kl": None}
+    X = np.stack([d, second(d)], 1)                                     # (n, 2)
     (alpha, beta), *_ = np.linalg.lstsq(X * w[:, None], gain * w, rcond=None)
-    peak = math.exp(min(alpha / beta - 1, 50.0)) if beta > 0 else None
-    return {"alpha": float(alpha), "beta": float(beta), "peak_d": peak,
+    peak = peak_of(alpha, beta) if beta > 0 else None
+    return {"form": form, "alpha": float(alpha), "beta": float(beta), "peak_d": peak,
             "peak_kl": None if peak is None else peak * peak}
 
 
 def gao_curve(fit: dict, d) -> np.ndarray:
+    """The fitted gain at these d (0 at d = 0)."""
     d = np.asarray(d, float)
     safe = np.where(d > 0, d, 1.0)
-    return np.where(d > 0, d * (fit["alpha"] - fit["beta"] * np.log(safe)), 0.0)
+    return np.where(d > 0, fit["alpha"] * d + fit["beta"] * FORMS[fit.get("form", "rl")][0](safe), 0.0)
+
+
+def direct_estimate(scores: np.ndarray, labels: np.ndarray, policy_scores: np.ndarray,
+                    idx: np.ndarray) -> tuple[float, np.ndarray]:
+    """The direct estimate alone (no importance-weighted term) and its bootstrap draws over the
+    expert rows `idx`: the expert rows' linear calibration applied to the policy's scores (per expert
+    prompt), held above the family's lowest label (a correction subtracts a premium per shortcut
+    occurrence, which on a policy that repeats the shortcut takes the calibrated line below any label)."""
+    lo = float(labels.min())
+    a, b = O.linear_calibration(scores, labels)
+    draws = np.maximum(O.calibration_draws(scores, labels, policy_scores, idx)[2], lo)
+    return max(a + b * float(policy_scores.mean()), lo), draws
+
+
+def with_balanced(pt: "WatchPoint", fams: list[str]) -> "WatchPoint":
+    """The point's `balanced` entries (the equal-weight mix of these families) and every se."""
+    pt.estimate["balanced"] = float(np.mean([pt.estimate[f] for f in fams]))
+    pt.draws["balanced"] = np.mean([pt.draws[f] for f in fams], 0)
+    pt.kl["balanced"] = float(np.mean([pt.kl[f] for f in fams]))
+    pt.gain["balanced"] = float(np.mean([pt.gain[f] for f in fams]))
+    pt.se = {k: float(np.std(v)) for k, v in pt.draws.items()}
+    return pt
 
 
 def shortcut_rises(counted: list[dict]) -> dict | None:
@@ -166,30 +202,22 @@ class Watch:
         """Every family's estimate of the policy's true quality (no state changed)."""
         gen = torch.Generator().manual_seed(self.cfg.seed)
         pt = WatchPoint(step, {}, {}, {}, {}, {}, {})
+        evidence = C.families_evidence(policy, self.reference, self.rm, self.wrapper, self.families, self.ccfg,
+                                       gen, self.fixed)
         for i, (f, rows) in enumerate(self.families.items()):
-            ev = C.family_evidence(policy, self.reference, self.rm, self.wrapper, rows, self.ccfg, [], gen,
-                                   self.fixed[f])
+            ev = evidence[f]
             row, draws, _ = C.estimate_family(ev, self.ccfg, np.random.default_rng(self.cfg.seed + i))
             if row["certifiable"]:
                 pt.estimate[f], pt.method[f] = row["estimate"], "doubly_robust"
-            else:  # the same bootstrap rows as estimate_family drew, without the importance-weighted term;
-                # a correction subtracts a premium per shortcut occurrence, which on a policy that repeats
-                # the shortcut takes the calibrated line below any label: held to the lowest label
+            else:  # the same bootstrap rows as estimate_family drew, without the importance-weighted term
                 idx = np.random.default_rng(self.cfg.seed + i).integers(0, len(rows), (self.cfg.n_boot, len(rows)))
-                lo = ev["labels"].min()
-                draws = np.maximum(O.calibration_draws(ev["scores"], ev["labels"], ev["policy_scores"], idx)[2], lo)
-                pt.estimate[f], pt.method[f] = max(float(row["direct"]), lo), "direct"
+                pt.estimate[f], draws = direct_estimate(ev["scores"], ev["labels"], ev["policy_scores"], idx)
+                pt.method[f] = "direct"
             pt.draws[f], pt.kl[f] = draws, max(row["kl"], 0.0)
             if (rise := shortcut_rises(ev["shortcuts"])) is not None:
                 pt.shortcuts[f] = rise
             pt.gain[f] = pt.estimate[f] - row["reference"]
-        fams = list(self.families)
-        pt.estimate["balanced"] = float(np.mean([pt.estimate[f] for f in fams]))
-        pt.draws["balanced"] = np.mean([pt.draws[f] for f in fams], 0)
-        pt.kl["balanced"] = float(np.mean([pt.kl[f] for f in fams]))
-        pt.gain["balanced"] = float(np.mean([pt.gain[f] for f in fams]))
-        pt.se = {k: float(np.std(v)) for k, v in pt.draws.items()}
-        return pt
+        return with_balanced(pt, list(self.families))
 
     def observe(self, step: int, policy) -> WatchPoint:
         """Estimate, remember, and mark the families that pass their peak at this point."""

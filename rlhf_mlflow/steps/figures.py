@@ -92,10 +92,11 @@ def certification_plot(report: dict, truth: dict | None = None):
     return fig
 
 
-def gao_fits(points: list[dict], fits: dict[str, dict], fired: dict[str, int]):
+def gao_fits(points: list[dict], fits: dict[str, dict], fired: dict[str, int], title: str | None = None):
     """One panel per family: the watch's estimated gain against d = sqrt(KL) with error bars (1 se),
-    the Gao-form fit d (alpha - beta log d), its peak, and the point where the family was called past
-    its peak. `points`: [{"step", "d": {f}, "gain": {f}, "se": {f}}]."""
+    the Gao-form fit (its form: RL's d (alpha - beta log d) or best-of-n's d (alpha - beta d)), its
+    peak, and the point where the family was called past its peak. `points`: [{"step", "d": {f},
+    "gain": {f}, "se": {f}}]."""
     import numpy as np
 
     from rlhf_mlflow.decisions.watch import gao_curve
@@ -121,5 +122,7 @@ def gao_fits(points: list[dict], fits: dict[str, dict], fired: dict[str, int]):
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=6)
     axes[0][0].set_ylabel("estimated true gain")
+    if title:
+        fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     return fig

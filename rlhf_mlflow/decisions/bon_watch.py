@@ -1,0 +1,85 @@
+"""The watch for best-of-n: each family's true quality of best-of-n of a policy, for n along a
+ladder, estimated from the expert set without a label of the chosen answers, and Gao et al.'s (2022)
+best-of-n form, gain = d (alpha - beta d), fitted to it (watch.gao_fit, form "bon").
+
+- d = sqrt(KL_n), KL_n = log n - (n - 1) / n: the analytic KL of best-of-n to the policy it draws
+  from (Gao et al., eq. 1), the same for every family.
+- Best-of-n's density is not available, so there is no importance-weighted term: the estimate is the
+  direct one (watch.direct_estimate: the expert rows' linear calibration of the corrected reward model,
+  applied to the chosen answers), its se the bootstrap sd over the expert rows. The calibration is the
+  reference's: it transports to best-of-n as far as the reward model's errors do not change with n,
+  which is what over-optimisation breaks (a correction removes the flagged part of that).
+- Selection uses the raw reward model (what best-of-n optimises); the estimate uses it corrected.
+- The chosen answers are nested: best-of-n at each n of the ladder picks among the first n of the
+  same n_max samples per expert prompt, so the curve moves only where a larger n finds a better one.
+The watch never reads a label of the chosen answers, nor the world's truth.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from rlhf_mlflow.core import records as D
+from rlhf_mlflow.core import reward_model as R
+from rlhf_mlflow.core import rollout
+from rlhf_mlflow.core import vocab as V
+from rlhf_mlflow.decisions import watch as W
+from rlhf_mlflow.decisions.evidence import scores
+
+
+def bon_kl(n: int) -> float:
+    """KL(best-of-n || the policy it draws from), Gao et al.'s analytic form: log n - (n - 1) / n."""
+    return math.log(n) - (n - 1) / n
+
+
+def ladder(n_max: int) -> list[int]:
+    """1, 2, 4, ... below n_max, then n_max."""
+    ns, n = [], 1
+    while n < n_max:
+        ns.append(n)
+        n *= 2
+    return ns + [n_max]
+
+
+@torch.no_grad()
+def bon_points(policy, rm, wrapper, gold: list[dict], ns: list[int], temperature: float = 1.0,
+               cfg: W.WatchConfig = W.WatchConfig()) -> list[W.WatchPoint]:
+    """One WatchPoint per n (its `step` is n): per family of the expert set, the direct estimate of
+    best-of-n's true quality, its bootstrap draws, KL_n and the gain over the expert labels' mean."""
+    if not ns or min(ns) < 1:
+        raise ValueError(f"best-of-n needs n >= 1, got {ns}")
+    by_family = D.group_by_family(gold)
+    fams = [f for f in V.FAMILIES if f in by_family]
+    rows = [r for f in fams for r in by_family[f]]
+    prompts, n_max = D.prompts_tensor(rows), max(ns)
+    samples = rollout.sample(policy, prompts, n_max, temperature, torch.Generator().manual_seed(cfg.seed))
+    prompts_rep = prompts.repeat_interleave(n_max, 0)
+    raw = R.score(rm, prompts_rep, samples).view(len(rows), n_max)
+    corrected = scores(rm, wrapper, [r for r in rows for _ in range(n_max)], prompts_rep, samples)
+    corrected = corrected.reshape(len(rows), n_max)
+    expert_scores = scores(rm, wrapper, rows, prompts, D.responses_tensor(rows))
+    labels = np.array([r["label"] for r in rows], float)
+    spans, at = {}, 0
+    for f in fams:
+        spans[f], at = slice(at, at + len(by_family[f])), at + len(by_family[f])
+    points = []
+    for n in sorted(set(ns)):
+        chosen = corrected[np.arange(len(rows)), raw[:, :n].argmax(1).numpy()]   # per expert prompt
+        pt = W.WatchPoint(n, {}, {}, {}, {}, {}, dict.fromkeys(fams, "direct"))
+        for i, f in enumerate(fams):
+            s = spans[f]
+            m = s.stop - s.start
+            idx = np.random.default_rng(cfg.seed + i).integers(0, m, (cfg.n_boot, m))  # the same rows at every n
+            pt.estimate[f], pt.draws[f] = W.direct_estimate(expert_scores[s], labels[s], chosen[s], idx)
+            pt.kl[f], pt.gain[f] = bon_kl(n), pt.estimate[f] - float(labels[s].mean())
+        points.append(W.with_balanced(pt, fams))
+    return points
+
+
+def bon_fits(points: list[W.WatchPoint]) -> dict[str, dict]:
+    """Each family's best-of-n form fit over the points."""
+    fams = [f for f in points[0].method]
+    return {f: W.gao_fit([math.sqrt(p.kl[f]) for p in points], [p.gain[f] for p in points],
+                         [p.se[f] for p in points], "bon") for f in fams}
