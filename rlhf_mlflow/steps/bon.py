@@ -5,6 +5,7 @@ se at step n for n = 1, 2, 4, ..., N, the best-of-n form's fit (`bon/watch/gao_a
 `gao_beta`, `gao_peak_kl`) and `figures/bon_gao_fits.png`."""
 from __future__ import annotations
 
+import math
 import os
 import tempfile
 
@@ -53,9 +54,7 @@ def run_bon(policy: str, reward_model: str, prompts: str, n: int = 32, limit: in
 def _watch(base, rm, wrapper, gold: list[dict], n: int, seed: int) -> dict:
     """The best-of-n curve at n = 1, 2, 4, ..., n (logged at step n) and its fits (at step n, and
     returned under watch/...)."""
-    import math
-
-    from rlhf_mlflow.steps.figures import gao_fits
+    from rlhf_mlflow.steps.figures import gao_fits  # matplotlib: only when drawing
     points = BW.bon_points(base, rm, wrapper, gold, BW.ladder(n), cfg=W.WatchConfig(seed=seed))
     for pt in points:
         T.log_metrics(MN.prefixed(MN.BON + MN.WATCH, {**pt.estimate, **{f"se/{k}": v for k, v in pt.se.items()}}),
