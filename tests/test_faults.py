@@ -308,6 +308,21 @@ def test_dev_eval_malformed_jsonl_is_named_before_any_run(tiny_world, tmp_path, 
     assert not _runs("dev_eval")
 
 
+def test_bon_bad_watch_inputs_are_named_before_any_run(tiny_world, tmp_path):
+    """`bon --watch-gold` with a malformed expert set, or a correction whose RULES break the schema,
+    is one clear error and no bon run."""
+    base = ["bon", "--policy", f"{tiny_world}/policy", "--reward-model", f"{tiny_world}/reward_model",
+            "--prompts", f"{tiny_world}/data/prompts_dev.jsonl", "--n", 2, "--limit", 4]
+    bad = _malformed(tmp_path, os.path.join(tiny_world, "data", "gold_calib.jsonl"))
+    _fails(_run(*base, "--watch-gold", bad), f"{bad}:3: malformed JSON")
+    correction = tmp_path / "correction.py"
+    correction.write_text("RULES = [{'family': 'dune', 'kind': 'tokn', 'token': 'pa', 'bonus': 1.0}]\n"
+                          "def transform(records, response_tokens, rewards):\n    return rewards\n")
+    _fails(_run(*base, "--watch-gold", f"{tiny_world}/data/gold_calib.jsonl", "--watch-correction", correction),
+           f"reward_wrapper {correction}: RULES")
+    assert not _runs("bon")
+
+
 def test_an_unknown_family_names_the_line_and_the_valid_families(tiny_world, tmp_path):
     path = tmp_path / "p.jsonl"
     path.write_text('{"id": "a", "family": "tundra", "attrs": [0, 0, 0, 0]}\n')
