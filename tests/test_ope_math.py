@@ -94,15 +94,16 @@ def _evidence(rng, n=80, spread=1.2):
 
 
 def test_the_widened_interval_keeps_the_estimate_and_covers_better_at_low_ess():
-    from rlhf_mlflow.decisions.certify import CertifyConfig, estimate_family
+    from rlhf_mlflow.decisions.certify import CertifyConfig, bootstrap_rows, estimate_family
     widened, bare = CertifyConfig(n_boot=500), CertifyConfig(n_boot=500, ess_widening=0.0)
     rng = np.random.default_rng(0)
     hits = {"widened": 0, "bare": 0}
     given = 0
     for rep in range(200):
         ev, truth = _evidence(rng)
-        row, _, _ = estimate_family(ev, widened, np.random.default_rng(rep))
-        row0, _, _ = estimate_family(ev, bare, np.random.default_rng(rep))
+        idx = bootstrap_rows(np.random.default_rng(rep), len(ev["labels"]), 500)
+        row, _, _ = estimate_family(ev, widened, idx)
+        row0, _, _ = estimate_family(ev, bare, idx)
         if not row["certifiable"]:
             continue
         given += 1

@@ -25,6 +25,7 @@ from rlhf_mlflow.core import records as D
 from rlhf_mlflow.core import reward_model as R
 from rlhf_mlflow.core import rollout
 from rlhf_mlflow.core import vocab as V
+from rlhf_mlflow.decisions import certify as C
 from rlhf_mlflow.decisions import watch as W
 from rlhf_mlflow.decisions.evidence import scores
 
@@ -71,7 +72,7 @@ def bon_points(policy, rm, wrapper, gold: list[dict], ns: list[int], temperature
         for i, f in enumerate(fams):
             s = spans[f]
             m = s.stop - s.start
-            idx = np.random.default_rng(cfg.seed + i).integers(0, m, (cfg.n_boot, m))  # the same rows at every n
+            idx = C.bootstrap_rows(np.random.default_rng(cfg.seed + i), m, cfg.n_boot)  # the same rows at every n
             pt.estimate[f], pt.draws[f] = W.direct_estimate(expert_scores[s], labels[s], chosen[s], idx)
             pt.kl[f], pt.gain[f] = bon_kl(n), pt.estimate[f] - float(labels[s].mean())
         points.append(W.with_balanced(pt, fams))

@@ -103,15 +103,20 @@ class CertifyConfig:
         check_range("family_correlation", self.family_correlation, 0, 1)
 
 
-def estimate_family(ev: dict, cfg: CertifyConfig, rng: np.random.Generator) -> tuple[dict, np.ndarray, np.ndarray]:
-    """One family's report row, plus its bootstrap draws of (estimate, reference mean)."""
+def bootstrap_rows(rng: np.random.Generator, n: int, n_boot: int) -> np.ndarray:
+    """The expert rows of each bootstrap resample, (n_boot, n) indices into a family's n rows."""
+    return rng.integers(0, n, size=(n_boot, n))
+
+
+def estimate_family(ev: dict, cfg: CertifyConfig, idx: np.ndarray) -> tuple[dict, np.ndarray, np.ndarray]:
+    """One family's report row, plus its bootstrap draws of (estimate, reference mean) over the
+    resamples `idx` of its expert rows (bootstrap_rows)."""
     lw, y = ev["log_ratios"], ev["labels"]
     n = len(y)
     row = {"n": n, "reference": float(y.mean()), "snips": O.snips(lw, y), "ess": O.kish_ess(lw),
            "pop_ess": ev["pop_ess"], "max_weight_share": O.max_weight_share(lw), "khat": O.pareto_khat(lw),
            "kl": ev["kl"],
            "shortcuts": ev["shortcuts"]}
-    idx = rng.integers(0, n, size=(cfg.n_boot, n))                     # (B, n)
     ref_draws = y[idx].mean(1)
     p = _boot_weights(lw, idx)                                          # (B, n) normalised
     if "scores" in ev:
@@ -154,7 +159,7 @@ def estimate_families(evidence: dict[str, dict], labelled: dict[str, list[dict]]
     rng = np.random.default_rng(cfg.seed)
     rows, draws, ref_draws = {}, {}, {}
     for f, ev in evidence.items():
-        rows[f], draws[f], ref_draws[f] = estimate_family(ev, cfg, rng)
+        rows[f], draws[f], ref_draws[f] = estimate_family(ev, cfg, bootstrap_rows(rng, len(ev["labels"]), cfg.n_boot))
         if f in labelled:  # a stream of its own: labels on one family leave every other family's numbers as they were
             label_rng = np.random.default_rng([cfg.seed, 1 + V.FAMILIES.index(f)])
             rows[f], ppi_draws = with_labels(rows[f], ev, labelled[f], rm, wrapper, cfg, label_rng)

@@ -206,11 +206,11 @@ class Watch:
                                        gen, self.fixed)
         for i, (f, rows) in enumerate(self.families.items()):
             ev = evidence[f]
-            row, draws, _ = C.estimate_family(ev, self.ccfg, np.random.default_rng(self.cfg.seed + i))
+            idx = C.bootstrap_rows(np.random.default_rng(self.cfg.seed + i), len(rows), self.cfg.n_boot)
+            row, draws, _ = C.estimate_family(ev, self.ccfg, idx)
             if row["certifiable"]:
                 pt.estimate[f], pt.method[f] = row["estimate"], "doubly_robust"
-            else:  # the same bootstrap rows as estimate_family drew, without the importance-weighted term
-                idx = np.random.default_rng(self.cfg.seed + i).integers(0, len(rows), (self.cfg.n_boot, len(rows)))
+            else:  # the same bootstrap rows, without the importance-weighted term
                 pt.estimate[f], draws = direct_estimate(ev["scores"], ev["labels"], ev["policy_scores"], idx)
                 pt.method[f] = "direct"
             pt.draws[f], pt.kl[f] = draws, max(row["kl"], 0.0)
