@@ -1,6 +1,7 @@
 """A train_rl run survives its process: SIGTERM ends it KILLED with every metric point stored; after
 SIGKILL, `train-rl --resume RUN_ID` finishes the same run from its last checkpoint, each metric with
-exactly one point per step, and the final policy equals an uninterrupted run's (one thread)."""
+exactly one point per step, and the final policy and the over-optimisation watch's fits, flags and best
+step equal an uninterrupted run's (one thread)."""
 from __future__ import annotations
 
 import os
@@ -63,9 +64,10 @@ def test_sigterm_marks_the_run_killed_and_keeps_every_metric_point(tiny_world, t
 
 
 def test_sigkill_then_resume_finishes_the_same_run_as_if_uninterrupted(tiny_world, tmp_path, tracking_uri):
-    straight = _train(tiny_world, tmp_path / "straight", tracking_uri, "--run-name", "straight")
+    watch = ("--watch-every", "20", "--watch-gold", os.path.join(tiny_world, "data", "gold_calib.jsonl"))
+    straight = _train(tiny_world, tmp_path / "straight", tracking_uri, "--run-name", "straight", *watch)
     assert straight.wait(600) == 0, straight.communicate()
-    killed = _train(tiny_world, tmp_path / "killed", tracking_uri, "--run-name", "killed")
+    killed = _train(tiny_world, tmp_path / "killed", tracking_uri, "--run-name", "killed", *watch)
     # once the second checkpoint is on disk, the first is in the run's artifacts
     _wait_for(tmp_path / "killed" / f"step_{2 * SAVE_EVERY}", killed)
     killed.send_signal(signal.SIGKILL)
@@ -85,11 +87,18 @@ def test_sigkill_then_resume_finishes_the_same_run_as_if_uninterrupted(tiny_worl
     # a family's curve has a point at the steps that drew it: the same steps and values as the straight run
     (first,) = mlflow.search_runs(search_all_experiments=True, filter_string="attributes.run_name = 'straight'",
                                   output_format="list")
-    for key in ("train/kl/dune", "train/proxy/ember"):
+    assert os.path.exists(tmp_path / "killed" / f"step_{SAVE_EVERY}" / "watch_state.json")
+    # the watch went on from its state in the checkpoint: its fits over every point so far, its past-peak
+    # flags and its best step are the straight run's (a watch started afresh fits only the points after
+    # the resume)
+    assert run.data.tags.get("rlhf.watch.best_step") == first.data.tags.get("rlhf.watch.best_step") is not None
+    watch_keys = [k for k in first.data.metrics if k.startswith("watch/gao_") or k.startswith("watch/past_peak/")]
+    assert watch_keys and set(watch_keys) <= set(run.data.metrics)
+    for key in ("train/kl/dune", "train/proxy/ember", "watch/balanced", *watch_keys):
         ours, theirs = (sorted((m.step, m.value) for m in mlflow.MlflowClient().get_metric_history(r, key))
                         for r in (run.info.run_id, first.info.run_id))
         assert [s for s, _ in ours] == [s for s, _ in theirs], key
-        assert all(abs(a - b) < 1e-4 for (_, a), (_, b) in zip(ours, theirs)), key
+        assert all(abs(a - b) < 1e-4 * max(1.0, abs(b)) for (_, a), (_, b) in zip(ours, theirs)), key
     a = M.load_policy(str(tmp_path / "straight"))[0].state_dict()
     b = M.load_policy(str(tmp_path / "resumed"))[0].state_dict()
     assert all(torch.allclose(a[k], b[k], atol=1e-5) for k in a), max((a[k] - b[k]).abs().max() for k in a)
@@ -140,3 +149,37 @@ def test_resume_refuses_inputs_that_moved(tiny_world, tmp_path, phase):
             f.write('{"id": "extra", "family": "dune", "attrs": [0, 0, 0, 0]}\n')
     res = _resume(run.info.run_id)
     assert res.exit_code == 1 and "cannot be resumed" in res.output and "prompt_file" in res.output, res.output
+
+
+def test_a_resumed_run_registers_the_watch_best_checkpoint_it_was_started_to(tiny_world, tmp_path):
+    """A run started with select="watch_best" (main's corrected candidates) that fails mid-way (its reward
+    wrapper raises once a flag file exists) registers the watch's best checkpoint when resumed, as the
+    uninterrupted run would, not its final one."""
+    from rlhf_mlflow.core.errors import InputError
+    from rlhf_mlflow.core.world_paths import WorldPaths
+    from rlhf_mlflow.steps.train_rl import resume_train_rl, run_train_rl
+    from rlhf_mlflow.training.rl_config import load_rl_config
+
+    flag, wrapper = tmp_path / "machine_lost", tmp_path / "flaky.py"
+    wrapper.write_text("import os\ncalls = 0\n\n\ndef transform(records, tokens, rewards):\n    global calls\n"
+                       f"    calls += 1\n    if calls > 50 and os.path.exists({str(flag)!r}):\n"
+                       "        raise RuntimeError('the machine went away')\n    return rewards\n")
+    cfg = load_rl_config(os.path.join(tiny_world, "configs", "default.json"),
+                         {"steps": 80, "save_every": 20, "batch_prompts": 8, "samples_per_prompt": 4, "log_every": 10,
+                          "watch_every": 20, "watch_gold": os.path.join(tiny_world, "data", "gold_calib.jsonl"),
+                          "reward_wrapper": str(wrapper)})
+    flag.write_text("")
+    with pytest.raises(InputError, match="the machine went away"):
+        run_train_rl(cfg, world=WorldPaths.at(tiny_world), run_name="flaky", select="watch_best", progress=False,
+                     echo=lambda m: None)
+    (run,) = mlflow.search_runs(search_all_experiments=True, filter_string="attributes.run_name = 'flaky'",
+                                output_format="list")
+    assert run.info.status == "FAILED" and run.data.tags["rlhf.select"] == "watch_best"
+    flag.unlink()
+    summary = resume_train_rl(run.info.run_id, echo=lambda m: None, progress=False)
+    run = mlflow.get_run(run.info.run_id)
+    assert run.info.status == "FINISHED" and int(run.data.tags["rlhf.resumed_from_step"]) >= 20
+    best = run.data.tags["rlhf.watch.best_step"]
+    assert str(summary["registered_step"]) == best == run.data.tags["rlhf.registered_step"]
+    version = mlflow.MlflowClient().get_model_version("rlhf-policy", str(summary["model_version"]))
+    assert version.tags["checkpoint_step"] == best

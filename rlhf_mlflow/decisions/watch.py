@@ -26,6 +26,7 @@ The watch never reads a label of the policy's own samples, nor the world's truth
 """
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field
 
@@ -237,6 +238,20 @@ class Watch:
                 pt.alarms.append(f)
         pt.best = self.best_step() == pt.step
         return pt
+
+    def state(self) -> dict:
+        """What a resumed run needs to go on as if it had never stopped, as JSON: the points without
+        their bootstrap draws (their ses are kept: nothing reads a past point's draws), which families
+        fired and why, each family's drop streak."""
+        points = [{k: v for k, v in vars(p).items() if k != "draws"} for p in self.points]
+        return json.loads(json.dumps({"points": points, "fired": self.fired, "why": self.why,
+                                      "streak": self._streak}, default=float))
+
+    def restore(self, state: dict) -> None:
+        """Go on from `state()` of the same watch (same expert set, same config) at an earlier run."""
+        self.points = [WatchPoint(**{**p, "draws": {}}) for p in state["points"]]
+        self.fired, self.why = dict(state["fired"]), dict(state["why"])
+        self._streak = {f: int(state["streak"].get(f, 0)) for f in self.families}
 
     def fits(self) -> dict[str, dict]:
         """Each family's Gao fit over the points so far."""

@@ -57,7 +57,8 @@ def run_train_rl(cfg: RLConfig, world: WorldPaths | None = None, out: str | None
     `select`, given the checkpoints as (step, directory) in step order (the final one last), returns
     the step whose policy is registered (default: the final one); the version is tagged with it.
     `select="watch_best"` (or early_stop=stop) registers the watch's best checkpoint instead (the best
-    estimated balanced truth, train_rl_watch.py; needs watch_every > 0).
+    estimated balanced truth, train_rl_watch.py; needs watch_every > 0); the run's tag `rlhf.select`
+    keeps that choice for a resume.
     `progress`: True, a bar on a terminal; a number, a line every that many seconds; False, nothing.
     """
     recipe = run_name or f"kl{cfg.kl_coef:g}-s{cfg.steps}"
@@ -70,7 +71,8 @@ def run_train_rl(cfg: RLConfig, world: WorldPaths | None = None, out: str | None
     params = {**asdict(cfg), **(world.params() if world else {}), **input_hashes(cfg)}
     if wrapper:
         params["reward_wrapper_sha256"] = wrapper.sha256
-    with T.tracked_run("train_rl", params, tags={"rlhf.recipe": recipe, **(tags or {})}, run_name=recipe,
+    tags = {"rlhf.recipe": recipe, **({"rlhf.select": select} if select == "watch_best" else {}), **(tags or {})}
+    with T.tracked_run("train_rl", params, tags=tags, run_name=recipe,
                        description=description) as run:
         if out:
             F.claim_run_dir(out, run.info.run_id, overwrite)
@@ -108,7 +110,8 @@ def resume_train_rl(run_id: str, out: str | None = None, register: bool = True,
         with T.tracked_run("train_rl", tags={"rlhf.resumed_from_step": str(start)}, run_id=run_id):
             if out:
                 F.claim_run_dir(out, run_id)
-            return _train(job, out, register, echo, progress, None, resume, stored)
+            select = "watch_best" if run.data.tags.get("rlhf.select") == "watch_best" else None
+            return _train(job, out, register, echo, progress, select, resume, stored)
 
 
 def resumable_run(run_id: str):
@@ -175,17 +178,21 @@ def _train(job: Job, out: str | None, register: bool, echo: Callable[[str], None
             bar(step, metrics)
 
         saved = []
+        watch = RunWatch(cfg, logger, tmp) if cfg.watch_every else None
+        if watch is not None and resume is not None:
+            watch.restore(resume.policy_dir)
 
         def on_checkpoint(step, policy, state):
             logger.flush(synchronous=True)  # every point up to here is stored before the checkpoint exists
             path = os.path.join(out or tmp, f"step_{step}")
-            with F.atomic_dir(path) as staging:  # the policy and its training state appear together
+            with F.atomic_dir(path) as staging:  # the policy, its training state and the watch's appear together
                 M.save_policy(policy, policy.cfg, staging)
                 TS.save_train_state(state, staging)
+                if watch is not None:
+                    watch.save(staging)
             T.log_artifact(path, f"checkpoints/step_{step}")
             saved.append((step, path))
 
-        watch = RunWatch(cfg, logger, tmp) if cfg.watch_every else None
         try:
             result = train_rl(cfg, on_log=on_log, on_checkpoint=on_checkpoint, wrapper=job.wrapper,
                               prompts=job.prompts, resume=resume, on_watch=watch)

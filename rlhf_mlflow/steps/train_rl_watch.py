@@ -1,12 +1,15 @@
 """The over-optimisation watch (decisions/watch.py) as train_rl's `on_watch` callback, inside the run:
 it logs `watch/...` on the training step axis, tags the run when a family passes its peak
 (`rlhf.watch.past_peak`), keeps the checkpoint with the best estimated balanced truth, stops the run
-under early_stop=stop, and draws the Gao fits figure at the end."""
+under early_stop=stop, and draws the Gao fits figure at the end. Each checkpoint carries the watch's
+state and its best policy so far, so that a resumed run's watch goes on as if it had never stopped."""
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
+import shutil
 
 from rlhf_mlflow.core import files as F
 from rlhf_mlflow.core import model as M
@@ -20,6 +23,8 @@ from rlhf_mlflow.training.rl_config import RLConfig
 
 log = logging.getLogger(__name__)
 FIGURE = "figures/gao_fits.png"
+STATE, BEST = "watch_state.json", "watch_best"
+"""In a checkpoint directory: the watch's state (Watch.state and the best step) and its best policy."""
 
 
 class RunWatch:
@@ -31,7 +36,7 @@ class RunWatch:
         rm = R.load_rm(cfg.reward_model)[0]
         wrapper = load_wrapper(cfg.watch_correction or cfg.reward_wrapper)
         gold = D.read_jsonl(cfg.watch_gold, labelled=True)
-        self.cfg, self.logger, self.best_dir = cfg, logger, os.path.join(ckpt_dir, "watch_best")
+        self.cfg, self.logger, self.best_dir = cfg, logger, os.path.join(ckpt_dir, BEST)
         self.watch = W.Watch(reference, rm, wrapper, gold, watch_cfg)
         self.best: tuple[int, str] | None = None
 
@@ -54,6 +59,29 @@ class RunWatch:
                                               f"best estimated balanced truth at step {self.best[0]}"})
             return "stop"
         return "continue"
+
+    def save(self, checkpoint: str) -> None:
+        """Into a checkpoint directory being written (whole or not at all: files.atomic_dir): the
+        watch's state and, when there is one, its best policy so far."""
+        with open(os.path.join(checkpoint, STATE), "w") as f:
+            json.dump({**self.watch.state(), "best_step": self.best[0] if self.best else None}, f)
+        if self.best is not None:
+            shutil.copytree(self.best[1], os.path.join(checkpoint, BEST))
+
+    def restore(self, checkpoint: str) -> None:
+        """Go on from what `save` put into the checkpoint a run resumes from (a checkpoint without it,
+        from before the watch kept its state, starts the watch afresh, with a warning)."""
+        path = os.path.join(checkpoint, STATE)
+        if not os.path.exists(path):
+            log.warning("the checkpoint holds no watch state: the watch starts afresh at the resumed step")
+            return
+        with open(path) as f:
+            state = json.load(f)
+        self.watch.restore(state)
+        if state["best_step"] is not None:
+            with F.atomic_dir(self.best_dir) as staging:
+                shutil.copytree(os.path.join(checkpoint, BEST), staging, dirs_exist_ok=True)
+            self.best = (state["best_step"], self.best_dir)
 
     def finish(self) -> None:
         """The fits figure and the best checkpoint as artifacts (after training, in the run)."""
