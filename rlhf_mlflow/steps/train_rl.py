@@ -11,7 +11,6 @@ import json
 import os
 import re
 import tempfile
-import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
@@ -21,9 +20,10 @@ from rlhf_mlflow.core import model as M
 from rlhf_mlflow.core import records as D
 from rlhf_mlflow.core.config import from_dict
 from rlhf_mlflow.core.errors import InputError
-from rlhf_mlflow.core.process import process_state, quiet
+from rlhf_mlflow.core.process import process_state
 from rlhf_mlflow.core.reward_wrapper import load_wrapper
 from rlhf_mlflow.core.world_paths import WorldPaths
+from rlhf_mlflow.steps.progress import training_progress
 from rlhf_mlflow.steps.train_rl_watch import RunWatch
 from rlhf_mlflow.tracking import metric_names as MN
 from rlhf_mlflow.tracking import runs as T
@@ -170,7 +170,7 @@ def _train(job: Job, out: str | None, register: bool, echo: Callable[[str], None
     cfg, run_id = job.cfg, job.run_id
     with tempfile.TemporaryDirectory() as tmp:
         ckpt_root = out or os.path.join(tmp, "policy")
-        bar = _progress(cfg.steps, progress, resume.state.step if resume else 0, job.recipe)
+        bar = training_progress(cfg.steps, progress, resume.state.step if resume else 0, job.recipe)
         logger = T.MetricLogger(stored=stored)
 
         def on_log(step, metrics):
@@ -262,41 +262,3 @@ def _check_out(out: str, cfg: RLConfig, overwrite: bool) -> None:
             raise InputError(f"--out {out} --overwrite would delete {key} {path}: choose another directory")
     if overwrite and os.path.join(os.getcwd(), "").startswith(root):
         raise InputError(f"--out {out} --overwrite would delete the current directory: choose another directory")
-
-
-def _progress(total: int, enabled: bool | float, start: int = 0, label: str = ""):
-    """Progress on stderr, silent under --quiet: `enabled` True, a bar when attached to a terminal
-    (nothing in logs); a number, a line every that many seconds (worker processes, logs)."""
-    import sys
-    if quiet() or not enabled:
-        return lambda step, metrics: None
-    if enabled is not True:
-        return _progress_lines(total, float(enabled), label)
-    if not sys.stderr.isatty():
-        return lambda step, metrics: None
-    from tqdm import tqdm
-    bar = tqdm(total=total, initial=start, unit="step", file=sys.stderr)
-    state = {"last": start}
-
-    def update(step, metrics):
-        if step is None:
-            bar.close()
-            return
-        bar.update(step - state["last"])
-        state["last"] = step
-        bar.set_postfix(proxy=f"{metrics['proxy/balanced']:.3f}", kl=f"{metrics['kl/balanced']:.2f}")
-    return update
-
-
-def _progress_lines(total: int, every: float, label: str):
-    import sys
-    t0 = last = time.perf_counter()
-
-    def update(step, metrics):
-        nonlocal last
-        now = time.perf_counter()
-        if step is not None and now - last >= every:
-            last = now
-            print(f"  {label}: step {step}/{total} ({now - t0:.0f} s), proxy {metrics['proxy/balanced']:.3f}, "
-                  f"kl {metrics['kl/balanced']:.2f}", file=sys.stderr, flush=True)
-    return update
