@@ -223,7 +223,7 @@ def test_stop_ends_the_run_finished_at_the_peak_and_registers_the_best_checkpoin
         return _point(step, {f: (dune[step] if f == "dune" else 0.3) for f in self.families})
     monkeypatch.setattr(W.Watch, "estimate", estimate)
     res = _run("train-rl", "--world", tiny_world, "--steps", 60, "--batch-prompts", 4, "--log-every", 20,
-               "--watch-every", 10, "--watch-gold", "data/gold_calib.jsonl", "--early-stop", "stop")
+               "--save-every", 20, "--watch-every", 10, "--watch-gold", "data/gold_calib.jsonl", "--early-stop", "stop")
     assert res.exit_code == 0, res.output
     run = _train_run()
     assert run.info.status == "FINISHED"
@@ -236,6 +236,12 @@ def test_stop_ends_the_run_finished_at_the_peak_and_registers_the_best_checkpoin
     assert "checkpoints/watch_best" in [a.path for a in client.list_artifacts(run.info.run_id, "checkpoints")]
     version = client.get_model_version("rlhf-policy", "1")
     assert version.tags["checkpoint_step"] == "20"
+    # the best step's checkpoint carries the watch's state for a resume; the registered model does not
+    assert {"watch_state.json", "watch_best"} <= set(a.path.split("/")[-1] for a in
+                                                     client.list_artifacts(run.info.run_id, "checkpoints/step_20"))
+    from rlhf_mlflow.tracking.policy_model import resolve_policy
+    registered = os.listdir(resolve_policy("models:/rlhf-policy/1")[0])
+    assert "policy.safetensors" in registered and not {"watch_state.json", "watch_best"} & set(registered)
 
 
 def test_the_watch_does_not_change_what_training_learns(watch, tiny_world):

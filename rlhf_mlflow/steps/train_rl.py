@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import tempfile
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -24,7 +25,7 @@ from rlhf_mlflow.core.process import process_state
 from rlhf_mlflow.core.reward_wrapper import load_wrapper
 from rlhf_mlflow.core.world_paths import WorldPaths
 from rlhf_mlflow.steps.progress import training_progress
-from rlhf_mlflow.steps.train_rl_watch import RunWatch
+from rlhf_mlflow.steps.train_rl_watch import WATCH_FILES, RunWatch
 from rlhf_mlflow.tracking import metric_names as MN
 from rlhf_mlflow.tracking import runs as T
 from rlhf_mlflow.tracking.policy_model import log_policy
@@ -240,7 +241,10 @@ def _register(job: Job, saved: list[tuple[int, str]], last: int, select, echo: C
                     "checkpoint_step": str(step)}
     if job.wrapper:
         version_tags["reward_wrapper_sha256"] = job.wrapper.sha256
-    info, version = log_policy(dict(saved)[step], tags=version_tags, name=_model_name(job.recipe))
+    with tempfile.TemporaryDirectory() as tmp:  # the checkpoint without the watch's files (not the model's)
+        policy_dir = os.path.join(tmp, os.path.basename(dict(saved)[step]))
+        shutil.copytree(dict(saved)[step], policy_dir, ignore=shutil.ignore_patterns(*WATCH_FILES))
+        info, version = log_policy(policy_dir, tags=version_tags, name=_model_name(job.recipe))
     echo(f"registered rlhf-policy version {version.version} (run {job.run_id}, step {step})")
     return {"model_id": info.model_id, "model_version": version.version, "registered_step": step}
 

@@ -23,8 +23,9 @@ from rlhf_mlflow.training.rl_config import RLConfig
 
 log = logging.getLogger(__name__)
 FIGURE = "figures/gao_fits.png"
-STATE, BEST = "watch_state.json", "watch_best"
-"""In a checkpoint directory: the watch's state (Watch.state and the best step) and its best policy."""
+WATCH_FILES = STATE, BEST = "watch_state.json", "watch_best"
+"""In a checkpoint directory: the watch's state (Watch.state and the best step) and its best policy
+(for a resume; a registered model leaves them out)."""
 
 
 class RunWatch:
