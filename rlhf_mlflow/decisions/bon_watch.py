@@ -81,6 +81,4 @@ def bon_points(policy, rm, wrapper, gold: list[dict], ns: list[int], temperature
 
 def bon_fits(points: list[W.WatchPoint]) -> dict[str, dict]:
     """Each family's best-of-n form fit over the points."""
-    fams = [f for f in points[0].method]
-    return {f: W.gao_fit([math.sqrt(p.kl[f]) for p in points], [p.gain[f] for p in points],
-                         [p.se[f] for p in points], "bon") for f in fams}
+    return W.point_fits(points, list(points[0].method), "bon")

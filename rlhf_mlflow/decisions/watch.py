@@ -26,7 +26,6 @@ The watch never reads a label of the policy's own samples, nor the world's truth
 """
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 
@@ -118,6 +117,19 @@ def gao_fit(d, gain, se, form: str = "rl") -> dict:
     peak = peak_of(alpha, beta) if beta > 0 else None
     return {"form": form, "alpha": float(alpha), "beta": float(beta), "peak_d": peak,
             "peak_kl": None if peak is None else peak * peak}
+
+
+def point_fits(points: list["WatchPoint"], families, form: str = "rl") -> dict[str, dict]:
+    """Each family's `form` fit (gao_fit) of its gain against d = sqrt(KL) over these points."""
+    return {f: gao_fit([math.sqrt(p.kl[f]) for p in points], [p.gain[f] for p in points],
+                       [p.se[f] for p in points], form) for f in families}
+
+
+def fit_metrics(fits: dict[str, dict]) -> dict[str, float]:
+    """The fits' metric names (without a prefix): gao_alpha/<family>, gao_beta/..., gao_peak_kl/...,
+    for the fits that have them."""
+    return {f"gao_{k}/{f}": fit[k] for f, fit in fits.items() for k in ("alpha", "beta", "peak_kl")
+            if fit[k] is not None}
 
 
 def gao_curve(fit: dict, d) -> np.ndarray:
@@ -240,12 +252,11 @@ class Watch:
         return pt
 
     def state(self) -> dict:
-        """What a resumed run needs to go on as if it had never stopped, as JSON: the points without
-        their bootstrap draws (their ses are kept: nothing reads a past point's draws), which families
-        fired and why, each family's drop streak."""
+        """What a resumed run needs to go on as if it had never stopped (JSON, numbers as floats): the
+        points without their bootstrap draws (their ses are kept: nothing reads a past point's draws),
+        which families fired and why, each family's drop streak."""
         points = [{k: v for k, v in vars(p).items() if k != "draws"} for p in self.points]
-        return json.loads(json.dumps({"points": points, "fired": self.fired, "why": self.why,
-                                      "streak": self._streak}, default=float))
+        return {"points": points, "fired": self.fired, "why": self.why, "streak": self._streak}
 
     def restore(self, state: dict) -> None:
         """Go on from `state()` of the same watch (same expert set, same config) at an earlier run."""
@@ -255,17 +266,12 @@ class Watch:
 
     def fits(self) -> dict[str, dict]:
         """Each family's Gao fit over the points so far."""
-        return {f: gao_fit([math.sqrt(p.kl[f]) for p in self.points], [p.gain[f] for p in self.points],
-                           [p.se[f] for p in self.points]) for f in self.families}
+        return point_fits(self.points, self.families)
 
     def metrics(self, pt: WatchPoint) -> dict[str, float]:
         """A point's names under watch/ (without the prefix): estimates, ses, fits, past-peak flags."""
-        out = {**pt.estimate, **{f"se/{k}": v for k, v in pt.se.items()}}
-        for f, fit in self.fits().items():
-            for k in ("alpha", "beta", "peak_kl"):
-                if fit[k] is not None:
-                    out[f"gao_{k}/{f}"] = fit[k]
-            out[f"past_peak/{f}"] = float(f in self.fired)
+        out = {**pt.estimate, **{f"se/{k}": v for k, v in pt.se.items()}, **fit_metrics(self.fits()),
+               **{f"past_peak/{f}": float(f in self.fired) for f in self.families}}
         out.update({f"shortcut_rise/{f}": s["rise"] for f, s in pt.shortcuts.items()})
         return out
 

@@ -5,7 +5,6 @@ se at step n for n = 1, 2, 4, ..., N, the best-of-n form's fit (`bon/watch/gao_a
 `gao_beta`, `gao_peak_kl`) and `figures/bon_gao_fits.png`."""
 from __future__ import annotations
 
-import math
 import os
 import tempfile
 
@@ -60,10 +59,7 @@ def _watch(base, rm, wrapper, gold: list[dict], n: int, seed: int) -> dict:
         T.log_metrics(MN.prefixed(MN.BON + MN.WATCH, {**pt.estimate, **{f"se/{k}": v for k, v in pt.se.items()}}),
                       step=pt.step)
     fits = BW.bon_fits(points)
-    fitted = {f"gao_{k}/{f}": fit[k] for f, fit in fits.items() for k in ("alpha", "beta", "peak_kl")
-              if fit[k] is not None}
+    fitted = W.fit_metrics(fits)
     T.log_metrics(MN.prefixed(MN.BON + MN.WATCH, fitted), step=points[-1].step)
-    pts = [{"step": p.step, "d": {f: math.sqrt(v) for f, v in p.kl.items()}, "gain": p.gain, "se": p.se}
-           for p in points]
-    T.log_figure(gao_fits(pts, fits, {}, "best-of-n: estimated gain, fit d (alpha - beta d)"), FIGURE)
+    T.log_figure(gao_fits(points, fits, {}, "best-of-n: estimated gain, fit d (alpha - beta d)"), FIGURE)
     return MN.prefixed(MN.WATCH, {**points[-1].estimate, **fitted})

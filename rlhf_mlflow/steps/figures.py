@@ -92,20 +92,20 @@ def certification_plot(report: dict, truth: dict | None = None):
     return fig
 
 
-def gao_fits(points: list[dict], fits: dict[str, dict], fired: dict[str, int], title: str | None = None):
+def gao_fits(points: list, fits: dict[str, dict], fired: dict[str, int], title: str | None = None):
     """One panel per family: the watch's estimated gain against d = sqrt(KL) with error bars (1 se),
     the Gao-form fit (its form: RL's d (alpha - beta log d) or best-of-n's d (alpha - beta d)), its
-    peak, and the point where the family was called past its peak. `points`: [{"step", "d": {f},
-    "gain": {f}, "se": {f}}]."""
+    peak, and the point where the family was called past its peak. `points`: the watch's WatchPoints
+    (step, kl, gain, se per family)."""
     import numpy as np
 
     from rlhf_mlflow.decisions.watch import gao_curve
     fams = list(fits)
     fig, axes = plt.subplots(1, len(fams), figsize=(3.2 * len(fams), 3.2), squeeze=False)
     for ax, f in zip(axes[0], fams):
-        d = np.array([p["d"][f] for p in points])
-        g = np.array([p["gain"][f] for p in points])
-        ax.errorbar(d, g, yerr=[p["se"][f] for p in points], fmt="o", ms=3, capsize=2, color="tab:blue")
+        d = np.sqrt([p.kl[f] for p in points])
+        g = np.array([p.gain[f] for p in points])
+        ax.errorbar(d, g, yerr=[p.se[f] for p in points], fmt="o", ms=3, capsize=2, color="tab:blue")
         fit = fits[f]
         if fit["alpha"] is not None:
             grid = np.linspace(0, max(d.max(), fit["peak_d"] or 0, 1e-3) * 1.05, 100)
@@ -113,7 +113,7 @@ def gao_fits(points: list[dict], fits: dict[str, dict], fired: dict[str, int], t
             if fit["peak_d"] is not None and fit["peak_d"] <= grid[-1]:
                 ax.axvline(fit["peak_d"], color="tab:green", ls=":", label=f"fitted peak KL {fit['peak_kl']:.2g}")
         if f in fired:
-            i = [p["step"] for p in points].index(fired[f])
+            i = [p.step for p in points].index(fired[f])
             ax.scatter([d[i]], [g[i]], s=80, facecolors="none", edgecolors="tab:red",
                        label=f"past peak @ step {fired[f]}", zorder=3)
         ax.axhline(0, color="gray", lw=0.5)

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import shutil
 
@@ -65,7 +64,7 @@ class RunWatch:
         """Into a checkpoint directory being written (whole or not at all: files.atomic_dir): the
         watch's state and, when there is one, its best policy so far."""
         with open(os.path.join(checkpoint, STATE), "w") as f:
-            json.dump({**self.watch.state(), "best_step": self.best[0] if self.best else None}, f)
+            json.dump({**self.watch.state(), "best_step": self.best[0] if self.best else None}, f, default=float)
         if self.best is not None:
             shutil.copytree(self.best[1], os.path.join(checkpoint, BEST))
 
@@ -89,9 +88,7 @@ class RunWatch:
         if not self.watch.points:
             return
         from rlhf_mlflow.steps.figures import gao_fits
-        pts = [{"step": p.step, "d": {f: math.sqrt(v) for f, v in p.kl.items()}, "gain": p.gain, "se": p.se}
-               for p in self.watch.points]
-        T.log_figure(gao_fits(pts, self.watch.fits(), self.watch.fired), FIGURE)
+        T.log_figure(gao_fits(self.watch.points, self.watch.fits(), self.watch.fired), FIGURE)
         if self.best is not None:
             T.set_tags({"rlhf.watch.best_step": str(self.best[0])})
             T.log_artifact(self.best[1], "checkpoints/watch_best")
