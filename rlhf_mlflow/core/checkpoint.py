@@ -4,6 +4,10 @@ A checkpoint appears whole or not at all: a directory of its own is written besi
 renamed into place. In a directory that holds other files too (train-rl's --out, the final policy
 beside step_N/ and log.jsonl), config.json goes first and comes back last, after the weights:
 loaders read config.json first, so a half-written checkpoint is no checkpoint.
+
+A copy of a checkpoint (an upload to an artifact store, which is neither atomic nor ordered) is
+judged by its MANIFEST.json: every file's relative path, size and sha256, written after the files
+and copied after them (`write_manifest`); `verify_manifest` says what a copy lacks.
 """
 from __future__ import annotations
 
@@ -101,3 +105,58 @@ def content_sha256(path: str) -> str:
         with open(os.path.join(path, name), "rb") as f:
             h.update(name.encode() + b"\0" + hashlib.sha256(f.read()).digest())
     return h.hexdigest()
+
+
+MANIFEST = "MANIFEST.json"
+
+
+def files_under(root: str) -> list[str]:
+    """Every file below `root`, as sorted relative paths with `/` separators."""
+    out = []
+    for here, _, names in os.walk(root):
+        rel = os.path.relpath(here, root)
+        out += [name if rel == "." else f"{rel.replace(os.sep, '/')}/{name}" for name in names]
+    return sorted(out)
+
+
+def file_sha256(path: str) -> str:
+    import hashlib
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def write_manifest(ckpt_dir: str) -> None:
+    """MANIFEST.json in `ckpt_dir`: the relative path, size and sha256 of every other file under it.
+    Written once the checkpoint's files are final; a copy is whole when its files match it."""
+    files = {rel: {"size": os.path.getsize(os.path.join(ckpt_dir, rel)),
+                   "sha256": file_sha256(os.path.join(ckpt_dir, rel))}
+             for rel in files_under(ckpt_dir) if rel != MANIFEST}
+    atomic_write_json(os.path.join(ckpt_dir, MANIFEST), {"files": files})
+
+
+def verify_manifest(ckpt_dir: str) -> str | None:
+    """None when every file MANIFEST.json lists is under `ckpt_dir` with its size and sha256 (files
+    it does not list are ignored); else what is wrong, in a line (paths relative to `ckpt_dir`)."""
+    try:
+        with open(os.path.join(ckpt_dir, MANIFEST)) as f:
+            files = json.load(f)["files"]
+        wanted = {str(rel): (int(v["size"]), str(v["sha256"])) for rel, v in files.items()}
+    except FileNotFoundError:
+        return f"no {MANIFEST}"
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        return f"{MANIFEST} unreadable ({type(e).__name__})"
+    problems = []
+    for rel, (size, sha) in sorted(wanted.items()):
+        path = os.path.normpath(os.path.join(ckpt_dir, rel))
+        if os.path.isabs(rel) or not path.startswith(os.path.join(os.path.normpath(ckpt_dir), "")):
+            problems.append(f"{rel}: outside the checkpoint")
+        elif not os.path.isfile(path):
+            problems.append(f"{rel}: missing")
+        elif os.path.getsize(path) != size:
+            problems.append(f"{rel}: {os.path.getsize(path)} bytes, manifest says {size}")
+        elif file_sha256(path) != sha:
+            problems.append(f"{rel}: sha256 differs from the manifest's")
+    return "; ".join(problems) or None

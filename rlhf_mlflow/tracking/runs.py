@@ -5,6 +5,7 @@ import hashlib
 import json
 import logging
 import os
+import signal
 import tempfile
 import time
 import warnings
@@ -209,6 +210,21 @@ def log_artifact(path: str, artifact_path: str | None = None) -> None:
         mlflow.log_artifacts(path, artifact_path)
     else:
         mlflow.log_artifact(path, artifact_path)
+
+
+KILL_AFTER_UPLOADS = "RLHF_TEST_KILL_AFTER_UPLOADS"  # test-only: SIGKILL before uploading file K+1
+_uploaded = [0]
+
+
+def log_dir_last(path: str, artifact_path: str, last: str) -> None:
+    """Upload a directory file by file, its top-level file `last` (a manifest) after all the others."""
+    rels = [os.path.relpath(os.path.join(here, n), path) for here, _, names in os.walk(path) for n in names]
+    for rel in sorted(r for r in rels if r != last) + ([last] if last in rels else []):
+        if _uploaded[0] >= int(os.environ.get(KILL_AFTER_UPLOADS, "-1")) >= 0:
+            os.kill(os.getpid(), signal.SIGKILL)
+        folder = os.path.dirname(rel).replace(os.sep, "/")
+        mlflow.log_artifact(os.path.join(path, rel), f"{artifact_path}/{folder}" if folder else artifact_path)
+        _uploaded[0] += 1
 
 
 def log_figure(fig, name: str) -> None:

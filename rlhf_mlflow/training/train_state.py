@@ -86,3 +86,19 @@ def load_train_state(ckpt_dir: str) -> TrainState:
     if not isinstance(step, int) or step < 0:
         raise InputError(f"{ckpt_dir}/{STATE_META}: 'step' must be an integer >= 0, got {step!r}")
     return TrainState(step, tensors, meta)
+
+
+def resume_problem(state: TrainState, step: int, steps: int, save_every: int) -> str | None:
+    """Why a checkpoint named `step_<step>` with this training state is not one a run of `steps`
+    steps, checkpointing every `save_every`, could have saved (None: it is)."""
+    if not 0 < state.step < steps:
+        return f"its training state is at step {state.step}, outside the run's 1..{steps - 1} (steps {steps})"
+    if state.step != step:
+        return f"its training state is at step {state.step}, not {step}"
+    if not save_every or step % save_every:
+        return f"step {step} is not a multiple of the run's save_every ({save_every})"
+    history = state.meta.get("history")
+    if not isinstance(history, list) or any(not isinstance(h, list) or len(h) != 2 or not isinstance(h[0], int)
+                                            or not 0 < h[0] <= step for h in history):
+        return f"its metric history is not one of steps 1..{step}"
+    return None
