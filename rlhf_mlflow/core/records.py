@@ -1,64 +1,62 @@
 """Records (JSON Lines) and their tensors: prompts, labelled responses, family grouping and batching.
 
 Prompt record: {"id", "family", "attrs": [a1..a4]}; a labelled row adds "response": [8 tokens] and
-"label": float. Every reader validates, and bad input names the file and line.
+"label": float. Every reader validates, and bad input (bad bytes, bad JSON, a field of the wrong type)
+names the file and line.
 """
 from __future__ import annotations
 
 import json
 import math
-import os
 from collections.abc import Iterable
 
 import torch
 
 from rlhf_mlflow.core import vocab as V
-from rlhf_mlflow.core.errors import InputError
+from rlhf_mlflow.core.errors import InputError, described, parse_json, read_text, require
 from rlhf_mlflow.core.files import atomic_open
 
 
 def check_record(rec, where: str, labelled: bool | None) -> dict:
     if not isinstance(rec, dict):
-        raise InputError(f"{where}: expected a JSON object, got {type(rec).__name__}")
+        raise InputError(f"{where}: expected a JSON object, got {described(rec)}")
+    if "id" in rec:  # ids are strings (`gold-00012`, `req-dune-003`); the seed's integer ids pass too
+        require(rec["id"], "a string or an integer", where, "id")
     fam = rec.get("family")
+    if fam is not None and not isinstance(fam, str):
+        require(fam, "a string", where, "family")
     if fam not in V.FAMILIES:
         raise InputError(f"{where}: unknown family {fam!r}; valid families are {V.FAMILIES}")
     attrs = rec.get("attrs")
     if (not isinstance(attrs, list) or len(attrs) != V.N_ATTR
             or not all(isinstance(a, int) and not isinstance(a, bool) and 0 <= a < V.N_VAL for a in attrs)):
-        raise InputError(f"{where}: 'attrs' must be {V.N_ATTR} integers in 0..{V.N_VAL - 1}, got {attrs!r}")
+        raise InputError(f"{where}: 'attrs' must be {V.N_ATTR} integers in 0..{V.N_VAL - 1}, "
+                         f"got {described(attrs)}")
     has_resp = "response" in rec
     if labelled and not has_resp:
         raise InputError(f"{where}: labelled record has no 'response'")
     if has_resp:
         resp = rec["response"]
         if not isinstance(resp, list) or len(resp) != V.RESP_LEN:
-            raise InputError(f"{where}: 'response' must be a list of {V.RESP_LEN} tokens, got {resp!r}")
-        bad = [t for t in resp if t not in V.CONTENT]
+            raise InputError(f"{where}: 'response' must be a list of {V.RESP_LEN} tokens, "
+                             f"got {described(resp)}")
+        bad = [t if isinstance(t, str) else described(t) for t in resp if t not in V.CONTENT]
         if bad:
             raise InputError(f"{where}: unknown response token {bad[0]!r}; valid tokens are {V.CONTENT}")
     if labelled:
         lab = rec.get("label")
         if not isinstance(lab, (int, float)) or isinstance(lab, bool) or not math.isfinite(lab):
-            raise InputError(f"{where}: 'label' must be a finite number, got {lab!r}")
+            raise InputError(f"{where}: 'label' must be a finite number, got {described(lab)}")
     return rec
 
 
 def read_jsonl(path: str, labelled: bool | None = None) -> list[dict]:
     """Read and validate records; labelled=True requires response and label on every row."""
-    if not os.path.isfile(path):
-        raise InputError(f"{path}: file not found")
     out = []
-    with open(path) as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
+    for lineno, line in enumerate(read_text(path).split("\n"), 1):
+        if line.strip():
             where = f"{path}:{lineno}"
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise InputError(f"{where}: malformed JSON ({e.msg} at column {e.colno})") from None
-            out.append(check_record(rec, where, labelled))
+            out.append(check_record(parse_json(line, path, lineno), where, labelled))
     if not out:
         raise InputError(f"{path}: no records")
     return out
