@@ -44,6 +44,10 @@ FIXED = {"vocab_size": (len(V.TOKENS), "the vocabulary's size (vocab.py)"),
          "seq_len": (V.SEQ_LEN, "prompt_len + resp_len"),
          "prompt_len": (V.PROMPT_LEN, "family, 4 attribute values and <sep>"),
          "resp_len": (V.RESP_LEN, "tokens per response")}
+# the largest sizes a config.json may ask for (the world's models are 64-96 wide and 2 deep): generous,
+# and checked before anything is allocated, so that a typo is a sentence instead of a failed allocation
+LIMITS = {"d_model": 4096, "n_layers": 64, "n_heads": 64, "d_ff": 16384}
+MAX_PARAMETERS = 10 ** 9  # 4 GiB of float32 weights, before Adam's two copies
 
 
 def read_config(ckpt_dir: str, required: tuple[str, ...]) -> dict:
@@ -59,6 +63,12 @@ def read_config(ckpt_dir: str, required: tuple[str, ...]) -> dict:
         check_config_value(path, k, cfg[k])
     if "d_model" in required and "n_heads" in required and cfg["d_model"] % cfg["n_heads"]:
         raise InputError(f"{path}: 'd_model' ({cfg['d_model']}) must be divisible by 'n_heads' ({cfg['n_heads']})")
+    if {"d_model", "n_layers", "d_ff", "vocab_size", "seq_len"} <= set(required):
+        d, n_layers, d_ff = cfg["d_model"], cfg["n_layers"], cfg["d_ff"]
+        n = n_layers * (4 * d * d + 2 * d * d_ff) + (2 * cfg["vocab_size"] + cfg["seq_len"]) * d
+        if n > MAX_PARAMETERS:
+            raise InputError(f"{path}: d_model {d}, n_layers {n_layers} and d_ff {d_ff} make about {n / 1e9:.1f}B "
+                             f"parameters; at most {MAX_PARAMETERS / 1e9:.0f}B are allowed")
     return cfg
 
 
@@ -68,6 +78,8 @@ def check_config_value(path: str, key: str, value) -> None:
     if key in FIXED and value != FIXED[key][0]:
         want, why = FIXED[key]
         raise InputError(f"{path}: {key!r} must be {want} ({why}), got {value!r}")
+    if key in LIMITS and value > LIMITS[key]:
+        raise InputError(f"{path}: {key!r} must be an integer in [1, {LIMITS[key]}], got {value}")
 
 
 def load_weights(module: nn.Module, ckpt_dir: str, weights_name: str) -> None:
