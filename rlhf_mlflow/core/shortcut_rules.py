@@ -15,7 +15,7 @@ import math
 import torch
 
 from rlhf_mlflow.core import vocab as V
-from rlhf_mlflow.core.errors import InputError
+from rlhf_mlflow.core.errors import InputError, described, read_json, require
 
 KINDS = {"token": ("token",), "pair": ("tokens",), "conditional": ("token", "attr", "value")}
 FLAG_RISK = 0.5  # a diagnostic candidate at or above this risk is a flagged shortcut
@@ -52,10 +52,9 @@ def _validate_rule(rule, at: str, bonus: bool) -> None:
         if t not in V.CONTENT:
             raise InputError(f"{at}: unknown token {t!r}; valid tokens are {V.CONTENT}")
     if kind == "conditional":
-        if rule["attr"] not in range(V.N_ATTR):
-            raise InputError(f"{at}: 'attr' must be an integer in 0..{V.N_ATTR - 1}")
-        if rule["value"] not in range(V.N_VAL):
-            raise InputError(f"{at}: 'value' must be an integer in 0..{V.N_VAL - 1}")
+        for key, n in (("attr", V.N_ATTR), ("value", V.N_VAL)):
+            if type(rule[key]) is not int or rule[key] not in range(n):
+                raise InputError(f"{at}: {key!r} must be an integer in 0..{n - 1}")
     b = rule.get("bonus", 0.0)
     if not isinstance(b, (int, float)) or isinstance(b, bool) or not math.isfinite(b):
         raise InputError(f"{at}: 'bonus' must be a finite number")
@@ -66,22 +65,56 @@ def feature(candidate: dict, family: str) -> dict:
     return {"family": family, "kind": candidate["kind"], **{k: candidate[k] for k in KINDS[candidate["kind"]]}}
 
 
-def flagged(diagnostic: dict | None) -> list[dict]:
+def flagged(diagnostic: dict | None, where: str = "diagnostic") -> list[dict]:
     """Every flagged family's flagged features (evidence at or above FLAG_RISK), as rules."""
     out = []
-    for family, res in (diagnostic or {}).get("families", {}).items():
-        if res.get("flag"):
-            out += [feature(c, family) for c in res.get("evidence", [])
-                    if c.get("risk", 0) >= FLAG_RISK and c.get("kind") in KINDS]
+    for family, res in check_diagnostic(diagnostic or {"families": {}}, where)["families"].items():
+        if res["flag"]:
+            out += [feature(c, family) for c in res["evidence"] if c["risk"] >= FLAG_RISK]
     return out
 
 
 def flagged_from(diagnostic: str | dict | None) -> list[dict]:
     """flagged() of the diagnostic evidence given as a dict or the path of its JSON file."""
     if isinstance(diagnostic, str):
-        from rlhf_mlflow.core.errors import read_json
-        diagnostic = read_json(diagnostic)
+        return flagged(read_json(diagnostic), diagnostic)
     return flagged(diagnostic)
+
+
+def read_diagnostic(path: str) -> dict:
+    """A diagnostic result file (`rlhf-mlflow diagnostic --out`), checked as check_diagnostic does."""
+    return check_diagnostic(read_json(path), path)
+
+
+def check_diagnostic(diagnostic, where: str) -> dict:
+    """The diagnostic result {"families": {F: {"flag", "evidence": [row, ...]}}}, or InputError naming
+    the first bad part: every row's numbers are numbers, every flagged row's feature a valid rule."""
+    if not isinstance(diagnostic, dict) or not isinstance(diagnostic.get("families"), dict):
+        raise InputError(f"{where}: expected a diagnostic result (the JSON object `rlhf-mlflow diagnostic "
+                         f"--out` writes, with 'families'), got {described(diagnostic)}")
+    for family, res in diagnostic["families"].items():
+        at = f"{where}: families.{family}"
+        if family not in V.FAMILIES:
+            raise InputError(f"{at}: unknown family {family!r}; valid families are {V.FAMILIES}")
+        require(res, "an object", where, f"families.{family}")
+        require(res.get("flag"), "true/false", at, "flag")
+        for i, row in enumerate(require(res.get("evidence"), "a list", at, "evidence")):
+            _check_evidence_row(row, family, f"{at}.evidence[{i}]")
+    return diagnostic
+
+
+def _check_evidence_row(row, family: str, at: str) -> None:
+    require(row, "an object", at, "row")
+    for key in ("risk", "correction", "correction_se"):
+        if key == "risk" or key in row:
+            require(row.get(key), "a finite number", at, key)
+    if "correction" in row and "correction_se" not in row:
+        raise InputError(f"{at}: a row with 'correction' needs 'correction_se'")
+    if row["risk"] >= FLAG_RISK:  # a flagged feature becomes a rule: it must be one
+        if row.get("kind") not in KINDS:
+            raise InputError(f"{at}: unknown kind {row.get('kind')!r}; valid kinds are {sorted(KINDS)}")
+        _validate_rule({"family": family, "kind": row["kind"], **{k: row[k] for k in KINDS[row["kind"]] if k in row}},
+                       at, bonus=False)
 
 
 def count(rule: dict, record: dict, tokens: list[str]) -> int:
