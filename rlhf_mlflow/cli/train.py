@@ -31,7 +31,8 @@ from rlhf_mlflow.cli.options import (
 @click.option("--register/--no-register", default=True, show_default=True,
               help="Register the final policy as a new version of rlhf-policy.")
 @click.option("--resume", "resume_run", default=None, metavar="RUN_ID",
-              help="Continue this train_rl run that died, from its last checkpoint, in the same MLflow run.")
+              help="Continue this train_rl run that died, from its newest complete checkpoint, in the same "
+              "MLflow run (one started with --no-register stays unregistered).")
 @click.pass_context
 def train_rl_cmd(ctx, world, config_path, overrides, out, overwrite, run_name, register, resume_run, **options):
     """KL-regularised REINFORCE against a reward model, as an MLflow run."""

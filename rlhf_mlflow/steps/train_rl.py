@@ -2,8 +2,9 @@
 policy version. The loop itself (train_rl.train_rl) knows nothing of MLflow.
 
 A run that died (a crash, SIGKILL, a lost machine) continues with `resume_train_rl(run_id)`: from its
-last checkpoint (policy, Adam state, random streams), in the same MLflow run, logging only the metric
-points the store does not hold yet, and ends FINISHED as if it had never stopped.
+newest complete checkpoint (policy, Adam state, random streams: train_rl_checkpoints.py), in the same
+MLflow run, logging only the metric points the store does not hold yet, and ends FINISHED as if it had
+never stopped.
 """
 from __future__ import annotations
 
@@ -25,11 +26,11 @@ from rlhf_mlflow.core.process import process_state
 from rlhf_mlflow.core.reward_wrapper import load_wrapper
 from rlhf_mlflow.core.world_paths import WorldPaths
 from rlhf_mlflow.steps.progress import training_progress
+from rlhf_mlflow.steps.train_rl_checkpoints import last_checkpoint, upload, write_checkpoint
 from rlhf_mlflow.steps.train_rl_watch import WATCH_FILES, RunWatch
 from rlhf_mlflow.tracking import metric_names as MN
 from rlhf_mlflow.tracking import runs as T
 from rlhf_mlflow.tracking.policy_model import log_policy
-from rlhf_mlflow.training import train_state as TS
 from rlhf_mlflow.training.rl_config import PATH_KEYS, RLConfig
 from rlhf_mlflow.training.train_rl import Resume, train_rl
 
@@ -72,7 +73,8 @@ def run_train_rl(cfg: RLConfig, world: WorldPaths | None = None, out: str | None
     params = {**asdict(cfg), **(world.params() if world else {}), **input_hashes(cfg)}
     if wrapper:
         params["reward_wrapper_sha256"] = wrapper.sha256
-    tags = {"rlhf.recipe": recipe, **({"rlhf.select": select} if select == "watch_best" else {}), **(tags or {})}
+    tags = {"rlhf.recipe": recipe, "rlhf.register": str(register).lower(),
+            **({"rlhf.select": select} if select == "watch_best" else {}), **(tags or {})}
     with T.tracked_run("train_rl", params, tags=tags, run_name=recipe,
                        description=description) as run:
         if out:
@@ -87,7 +89,8 @@ def run_train_rl(cfg: RLConfig, world: WorldPaths | None = None, out: str | None
 
 def resume_train_rl(run_id: str, out: str | None = None, register: bool = True,
                     echo: Callable[[str], None] = print, progress: bool = True) -> dict:
-    """Continue a train_rl run that died, from its last checkpoint, in the same MLflow run."""
+    """Continue a train_rl run that died, from its newest whole checkpoint, in the same MLflow run. A run
+    started without registering (tag `rlhf.register` false) does not register when resumed either."""
     run = resumable_run(run_id)
     params = run.data.params
     with tempfile.TemporaryDirectory() as tmp:
@@ -100,10 +103,10 @@ def resume_train_rl(run_id: str, out: str | None = None, register: bool = True,
                              + "; ".join((["missing inputs: " + ", ".join(f"{k} {getattr(cfg, k)}" for k in missing)]
                                           if missing else [])
                                          + (["inputs changed since it started: " + ", ".join(changed)] if changed else [])))
-        resume = _last_checkpoint(run_id, tmp)
+        resume = last_checkpoint(run_id, cfg, tmp, echo)
         start = resume.state.step if resume else 0
         echo(f"resuming run {run_id} at step {start} of {cfg.steps}"
-             + ("" if resume else " (it saved no checkpoint: from the start)"))
+             + ("" if resume else " (no complete checkpoint: from the start)"))
         job = Job(cfg, run_id, run.data.tags.get("rlhf.recipe", run.info.run_name), params.get("world_hash", ""),
                   D.read_jsonl(cfg.prompt_file), load_wrapper(cfg.reward_wrapper))
         T.use_experiment_of(run)
@@ -112,6 +115,9 @@ def resume_train_rl(run_id: str, out: str | None = None, register: bool = True,
             if out:
                 F.claim_run_dir(out, run_id)
             select = "watch_best" if run.data.tags.get("rlhf.select") == "watch_best" else None
+            if register and run.data.tags.get("rlhf.register") == "false":
+                echo(f"not registering: run {run_id} was started with --no-register")
+                register = False
             return _train(job, out, register, echo, progress, select, resume, stored)
 
 
@@ -142,18 +148,6 @@ def _logged_config(run_id: str, tmp: str) -> RLConfig:
         return from_dict(RLConfig, json.load(f), f"run {run_id}'s {CONFIG_ARTIFACT}")
 
 
-def _last_checkpoint(run_id: str, tmp: str) -> Resume | None:
-    """The latest `checkpoints/step_N` with a training state, downloaded; None when there is none."""
-    steps = sorted((int(name[len("step_"):]) for name in T.list_artifact_names(run_id, "checkpoints")
-                    if name.startswith("step_") and name[len("step_"):].isdigit()), reverse=True)
-    for step in steps:
-        names = T.list_artifact_names(run_id, f"checkpoints/step_{step}")
-        if {TS.STATE_TENSORS, TS.STATE_META, M.WEIGHTS, "config.json"} <= set(names):
-            path = T.download_artifact(run_id, f"checkpoints/step_{step}", tmp)
-            return Resume(path, TS.load_train_state(path))
-    return None
-
-
 @dataclass(frozen=True)
 class Job:
     """What a (new or resumed) train_rl run trains with: its config, run, recipe and validated inputs."""
@@ -170,7 +164,6 @@ def _train(job: Job, out: str | None, register: bool, echo: Callable[[str], None
     """The training part of a train_rl run (new or resumed), inside its active MLflow run."""
     cfg, run_id = job.cfg, job.run_id
     with tempfile.TemporaryDirectory() as tmp:
-        ckpt_root = out or os.path.join(tmp, "policy")
         bar = training_progress(cfg.steps, progress, resume.state.step if resume else 0, job.recipe)
         logger = T.MetricLogger(stored=stored)
 
@@ -186,12 +179,8 @@ def _train(job: Job, out: str | None, register: bool, echo: Callable[[str], None
         def on_checkpoint(step, policy, state):
             logger.flush(synchronous=True)  # every point up to here is stored before the checkpoint exists
             path = os.path.join(out or tmp, f"step_{step}")
-            with F.atomic_dir(path) as staging:  # the policy, its training state and the watch's appear together
-                M.save_policy(policy, policy.cfg, staging)
-                TS.save_train_state(state, staging)
-                if watch is not None:
-                    watch.save(staging)
-            T.log_artifact(path, f"checkpoints/step_{step}")
+            write_checkpoint(path, policy, state, watch)
+            upload(path, f"step_{step}")
             saved.append((step, path))
 
         try:
@@ -200,9 +189,11 @@ def _train(job: Job, out: str | None, register: bool, echo: Callable[[str], None
         finally:  # the curves up to a failure are kept
             logger.flush()
             bar(None, None)
-        M.save_policy(result.policy, result.policy_config, ckpt_root)
-        T.log_artifact(ckpt_root, "checkpoints/final")
+        final = os.path.join(tmp, "final")  # its own directory: out's root also holds step_N/
+        write_checkpoint(final, result.policy)
+        upload(final, "final")
         if out:
+            M.save_policy(result.policy, result.policy_config, out)
             F.atomic_write_json(os.path.join(out, CONFIG_ARTIFACT), asdict(cfg))
             F.atomic_write_text(os.path.join(out, "log.jsonl"),
                                 "".join(json.dumps({"step": step, **m}) + "\n" for step, m in result.history))
@@ -215,7 +206,7 @@ def _train(job: Job, out: str | None, register: bool, echo: Callable[[str], None
             watch.finish()
             summary["watch_best_step"] = watch.best[0] if watch.best else None
         if register:
-            summary.update(_register(job, _checkpoints(saved, watch, last, ckpt_root), last,
+            summary.update(_register(job, _checkpoints(saved, watch, last, final), last,
                                      _watch_select(job, watch, select), echo))
     return summary
 
@@ -243,7 +234,7 @@ def _register(job: Job, saved: list[tuple[int, str]], last: int, select, echo: C
         version_tags["reward_wrapper_sha256"] = job.wrapper.sha256
     with tempfile.TemporaryDirectory() as tmp:  # the checkpoint without the watch's files (not the model's)
         policy_dir = os.path.join(tmp, os.path.basename(dict(saved)[step]))
-        shutil.copytree(dict(saved)[step], policy_dir, ignore=shutil.ignore_patterns(*WATCH_FILES))
+        shutil.copytree(dict(saved)[step], policy_dir, ignore=shutil.ignore_patterns(*WATCH_FILES, CK.MANIFEST))
         info, version = log_policy(policy_dir, tags=version_tags, name=_model_name(job.recipe))
     echo(f"registered rlhf-policy version {version.version} (run {job.run_id}, step {step})")
     return {"model_id": info.model_id, "model_version": version.version, "registered_step": step}
