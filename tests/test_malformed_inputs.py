@@ -70,6 +70,12 @@ def _diagnostic_token(world, tmp):
             [f"{path}: families.dune.evidence[1]: unknown token 'xyz'; valid tokens are ['ba', "])
 
 
+def _correct_token(world, tmp):
+    path = _diagnostic(tmp, UNKNOWN_TOKEN)
+    return (["correct", "--diagnostic", path, "--qa", f"{world}/reward_model/train.jsonl", "--out", str(tmp / "w.py")],
+            ["families.dune.evidence[1]: unknown token 'xyz'; valid tokens are ['ba', "])
+
+
 def _bad_config(world, tmp, which: str, **changes) -> str:
     dst = tmp / f"bad_{which}"
     shutil.copytree(os.path.join(world, which), dst)
@@ -105,6 +111,7 @@ CASES = {"labels with a list id": (_list_id, "certify"),
          "a JSONL line nested 100000 deep": (_deep_line, "dev_eval"),
          "--diagnostic a JSON list": (_diagnostic_list, "certify"),
          "--diagnostic with an unknown token": (_diagnostic_token, "certify"),
+         "correct --diagnostic with an unknown token": (_correct_token, "correction"),
          "a policy config with d_model 4e6": (_huge_policy, "dev_eval"),
          "a reward-model config of 13B parameters": (_huge_reward_model, "dev_eval"),
          "a JSON recipe with a non-UTF-8 byte": (_bad_byte_json, "train_rl")}

@@ -43,9 +43,12 @@ def parse_override(text: str) -> tuple[str, Any]:
         raise InputError(f"override {text!r}: expected key=value")
     key, raw = text.split("=", 1)
     try:
-        return key.strip(), json.loads(raw)
+        value = json.loads(raw)
     except json.JSONDecodeError:
         return key.strip(), raw
+    except RecursionError:
+        raise InputError(f"override {key.strip()!r}: JSON nested too deeply to read") from None
+    return key.strip(), value
 
 
 def field_docs(cls) -> dict[str, str]:

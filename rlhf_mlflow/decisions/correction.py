@@ -35,13 +35,14 @@ def apply_rules(rules: list[dict], records: list[dict], response_tokens: list[li
             for rec, toks, r in zip(records, response_tokens, rewards)]
 
 
-def fit_corrections(diagnostic: dict, qa: list[dict]) -> list[dict]:
+def fit_corrections(diagnostic: dict, qa: list[dict], where: str = "diagnostic") -> list[dict]:
     """Rules (corruption-spec format) for every flagged feature that the reward model pays beyond its
     margin, with `bonus` = the premium the diagnostic measured on the model by intervention and `se`
     its SE, and beside them `label_slope` / `label_se`: what the QA labels pay for the same features
-    (fitted jointly by least squares; None where the QA sample cannot say)."""
+    (fitted jointly by least squares; None where the QA sample cannot say). A malformed `diagnostic`
+    is an InputError naming `where` and the bad row (shortcut_rules.check_diagnostic)."""
     rules = []
-    for family, res in diagnostic["families"].items():
+    for family, res in SR.check_diagnostic(diagnostic, where)["families"].items():
         if not res["flag"]:
             continue
         paid = [c for c in res["evidence"] if c["risk"] >= SR.FLAG_RISK and c.get("paid") and "correction" in c]

@@ -22,7 +22,7 @@ from rlhf_mlflow.core import records as D
 from rlhf_mlflow.core import reward_model as R
 from rlhf_mlflow.core import rollout
 from rlhf_mlflow.core import vocab as V
-from rlhf_mlflow.core.errors import InputError
+from rlhf_mlflow.core.errors import InputError, read_json
 from rlhf_mlflow.core.files import atomic_dir, atomic_write_json, atomic_write_text
 from rlhf_mlflow.core.vocab import PILOT_MIX
 from rlhf_mlflow.core.world_paths import WorldPaths
@@ -215,8 +215,7 @@ def ensure_world(cache_dir: str, seed: int = 0, spec: list[dict] | None = None, 
     path = os.path.abspath(os.path.join(cache_dir, h))
     manifest_path = os.path.join(path, "manifest.json")
     if os.path.isfile(manifest_path):
-        with open(manifest_path) as f:
-            return path, json.load(f)
+        return path, read_json(manifest_path)
     os.makedirs(cache_dir, exist_ok=True)
     (progress or log.info)(f"world {h} (seed {seed}, {scale}) not built yet: building it once")
     return path, build_world(path, seed, spec, scale, progress, **overrides)

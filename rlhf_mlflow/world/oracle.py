@@ -4,7 +4,6 @@ Its numbers are logged under `truth/...` names so that they never mix with estim
 """
 from __future__ import annotations
 
-import json
 import os
 
 import torch
@@ -13,7 +12,7 @@ from rlhf_mlflow.core import model as M
 from rlhf_mlflow.core import records as D
 from rlhf_mlflow.core import rollout
 from rlhf_mlflow.core import vocab as V
-from rlhf_mlflow.core.errors import InputError
+from rlhf_mlflow.core.errors import InputError, read_json
 from rlhf_mlflow.core.files import atomic_write_text
 from rlhf_mlflow.training.family_stats import family_of
 from rlhf_mlflow.world.truth import Truth
@@ -24,8 +23,7 @@ class Oracle:
         path = os.path.join(world_dir, "secret", "truth.json")
         if not os.path.isfile(path):
             raise InputError(f"{world_dir}: no secret/truth.json: the oracle needs a world built by build-world")
-        with open(path) as f:
-            blob = json.load(f)
+        blob = read_json(path)
         self.truth = Truth.from_json(blob["truth"])
         self.spec = blob["spec"]
 
