@@ -261,9 +261,14 @@ def test_train_rl_refuses_an_out_of_unmarked_files(tiny_world, tmp_path):
 
 def test_overwrite_never_deletes_the_runs_own_inputs(tiny_world, tmp_path):
     world = _copy_world(tiny_world, tmp_path)
-    _fails(_run("train-rl", "--world", world, *TINY, "--out", world, "--overwrite"),
-           "would delete policy_init")
+    _fails(_run("train-rl", "--world", world, *TINY, "--out", world, "--overwrite"), "is the world")
     assert (world / "policy" / "policy.safetensors").is_file() and not _runs("train_rl")
+    old = tmp_path / "old"  # another run's marked directory, holding the policy this run starts from
+    files.claim_run_dir(str(old), "abc")
+    shutil.copytree(world / "policy", old / "init")
+    _fails(_run("train-rl", "--world", world, *TINY, "--policy-init", old / "init", "--out", old, "--overwrite"),
+           "contains policy_init")
+    assert (old / "init" / "policy.safetensors").is_file() and not _runs("train_rl")
 
 
 def test_a_run_may_write_into_its_own_out(tmp_path):

@@ -6,7 +6,6 @@ import os
 import click
 
 from rlhf_mlflow.cli.options import echo_json, resolve_world
-from rlhf_mlflow.core.files import check_writable
 
 fills_option = click.option("--world", default=None,
                             help="World whose files fill the options below (default: the default world).")
@@ -25,8 +24,9 @@ fills_option = click.option("--world", default=None,
 def dev_eval_cmd(policy, world, policy_ref, reward_model, prompts, gold, n, seed, out):
     """The seed's dev evaluation, plus per family, as an MLflow run linked to the policy's model."""
     from rlhf_mlflow.steps.dev_eval import run_dev_eval
-    if out:
-        check_writable(out)
+    from rlhf_mlflow.steps.outputs import check_out
+    if out:  # before the default world is built; the step checks again with its inputs
+        check_out(out)
     paths = None if (policy_ref and reward_model and prompts) else resolve_world(world)
     metrics = run_dev_eval(policy, policy_ref or paths.policy, reward_model or paths.reward_model,
                            prompts or paths.prompts_dev, gold or (paths.expert_set if paths else None), n, seed, out=out)
@@ -46,8 +46,9 @@ def dev_eval_cmd(policy, world, policy_ref, reward_model, prompts, gold, n, seed
 def diagnostic_cmd(world, rm_dir, policy_dir, prompts, gold, n_prompts, seed, out):
     """Gold-free reward-shortcut audit per family, as an MLflow run."""
     from rlhf_mlflow.steps.diagnostic import run_diagnostic_step
-    if out:
-        check_writable(out)
+    from rlhf_mlflow.steps.outputs import check_out
+    if out:  # before the default world is built; the step checks again with its inputs
+        check_out(out)
     paths = None if (rm_dir and policy_dir and prompts) else resolve_world(world)
     result = run_diagnostic_step(rm_dir or paths.reward_model, policy_dir or paths.policy,
                                  prompts or paths.prompts_train, n_prompts, seed, out=out, gold=gold)
@@ -62,7 +63,6 @@ def diagnostic_cmd(world, rm_dir, policy_dir, prompts, gold, n_prompts, seed, ou
 def correct_cmd(diagnostic, qa, out):
     """Fit corrections for the flagged shortcuts on the QA sample and write a reward wrapper."""
     from rlhf_mlflow.steps.correct import run_correction
-    check_writable(out)
     rules = run_correction(diagnostic, qa, out)
     echo_json({"wrapper": os.path.abspath(out), "rules": rules})
 

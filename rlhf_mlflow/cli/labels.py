@@ -17,9 +17,9 @@ from rlhf_mlflow.cli.options import echo_err, echo_json, resolve_world, world_op
 @click.option("--out", default="label_requests.jsonl", show_default=True, help="The requests (JSONL, no labels).")
 def label_requests_cmd(model_version, world, families, per_family, seed, out):
     """Ask for expert labels on a version's own responses (expert-set prompts), as an MLflow run."""
-    from rlhf_mlflow.core.files import check_writable
     from rlhf_mlflow.steps.label_requests import run_label_requests
-    check_writable(out)
+    from rlhf_mlflow.steps.outputs import check_out
+    check_out(out)  # before the default world is built; the step checks again with its inputs
     echo_json(run_label_requests(model_version, resolve_world(world), families, per_family, seed, out, echo=echo_err))
 
 
@@ -29,9 +29,9 @@ def label_requests_cmd(model_version, world, families, per_family, seed, out):
 @click.option("--out", required=True, help="The labelled records (JSONL: the requests with `label` added).")
 def expert_label_cmd(world, requests, out):
     """The synthetic world's expert labels the requests (truth + the expert set's noise)."""
-    from rlhf_mlflow.core.files import check_writable
     from rlhf_mlflow.steps.expert_label import run_expert_label
-    check_writable(out)
+    from rlhf_mlflow.steps.outputs import check_out
+    check_out(out, {"--requests": requests})  # before the default world is built; the step checks again
     labels = run_expert_label(resolve_world(world), requests, out, echo=echo_err)
     echo_json({"labels": len(labels), "out": out})
 

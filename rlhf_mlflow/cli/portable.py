@@ -15,7 +15,7 @@ import sys
 from collections.abc import Callable
 
 from rlhf_mlflow.core.errors import InputError
-from rlhf_mlflow.core.files import atomic_write_json, atomic_write_text, check_writable
+from rlhf_mlflow.core.files import atomic_write_json, atomic_write_text, check_out_is_free, check_writable
 
 
 def certify_main(argv: list[str] | None = None) -> int:
@@ -40,7 +40,7 @@ def certify_main(argv: list[str] | None = None) -> int:
         cfg = CertifyConfig(seed=a.seed, min_labels=a.min_labels, label_looks=a.label_looks)
         return certify(a.policy, a.reference, a.gold, rm_dir=a.rm_dir, correction=a.correction,
                        diagnostic=a.diagnostic, pilot_prompts=a.pilot_prompts, cfg=cfg, policy_labels=a.policy_labels)
-    return _run(work, a.out)
+    return _run(work, a)
 
 
 def label_requests_main(argv: list[str] | None = None) -> int:
@@ -63,7 +63,7 @@ def label_requests_main(argv: list[str] | None = None) -> int:
         families = [f.strip() for f in a.families.split(",")] if a.families else None
         return draw_requests(M.load_policy(a.policy)[0], D.read_jsonl(a.gold, labelled=True), a.per_family,
                              families, a.seed)
-    return _run(work, a.out, jsonl=True)
+    return _run(work, a, jsonl=True)
 
 
 def diagnostic_main(argv: list[str] | None = None) -> int:
@@ -82,13 +82,17 @@ def diagnostic_main(argv: list[str] | None = None) -> int:
     def work() -> dict:
         from rlhf_mlflow.decisions.diagnostic import run_diagnostic
         return run_diagnostic(a.rm_dir, a.policy_dir, a.prompts, a.n_prompts, a.seed, gold_path=a.gold)
-    return _run(work, a.out)
+    return _run(work, a)
 
 
-def _run(work: Callable[[], dict | list[dict]], out: str, jsonl: bool = False) -> int:
+def _run(work: Callable[[], dict | list[dict]], a: argparse.Namespace, jsonl: bool = False) -> int:
+    """`work()` written to --out, which must be no input path of the command's and lie in no world."""
     from rlhf_mlflow.core.process import configure_threads
     configure_threads()
+    out = a.out
+    reads = {f"--{k.replace('_', '-')}": v for k, v in vars(a).items() if k != "out" and isinstance(v, str)}
     try:
+        check_out_is_free(out, reads)
         check_writable(out)
         result = work()
     except InputError as e:

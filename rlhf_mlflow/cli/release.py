@@ -15,7 +15,6 @@ from rlhf_mlflow.cli.options import (
     world_option,
 )
 from rlhf_mlflow.core.errors import InputError
-from rlhf_mlflow.core.files import check_writable
 
 
 @click.command("certify")
@@ -45,8 +44,9 @@ def certify_cmd(model_version, policy, world, reference, gold, rm_dir, correctio
     """Certify a policy's true quality per family from the expert set, as an MLflow run."""
     from rlhf_mlflow.decisions.certify import CertifyConfig
     from rlhf_mlflow.steps.certify import run_certify
-    if out:
-        check_writable(out)
+    from rlhf_mlflow.steps.outputs import check_out
+    if out:  # before the default world is built; the step checks again with its inputs
+        check_out(out)
     paths = None if (reference and gold) else resolve_world(world)
     res = run_certify(version=model_version, policy=policy, world=paths, reference=reference, gold=gold,
                       rm_dir=rm_dir, correction=correction, diagnostic=diagnostic, pilot_prompts=pilot_prompts,
@@ -100,7 +100,8 @@ def main_cmd(world, steps_scale, out, label_budget, guardrails, guardrail):
     from rlhf_mlflow.steps.main import run_main
     from rlhf_mlflow.steps.reports import story_markdown
     t0 = time.perf_counter()
-    check_writable(out, "--out", directory=True)
+    from rlhf_mlflow.steps.outputs import check_out
+    check_out(out, directory=True)  # before the default world is built; run_main checks again with it
     paths = resolve_world(world)
     if steps_scale <= 0:
         raise InputError(f"--steps-scale must be > 0, got {steps_scale}")

@@ -14,7 +14,7 @@ from rlhf_mlflow.cli.options import (
     world_option,
 )
 from rlhf_mlflow.core.errors import InputError
-from rlhf_mlflow.core.files import atomic_write_text, check_writable
+from rlhf_mlflow.core.files import atomic_write_text
 
 TABLE_COLUMNS = ["trial", "status", "rank", "certified/balanced", "certified_lo/balanced", "certified_hi/balanced",
                  "gain/balanced", "dev_proxy/balanced", "dev_kl/balanced", "model_version"]
@@ -44,11 +44,12 @@ def sweep_cmd(ctx, world, config_path, overrides, grid, ray_address, max_concurr
     """A recipe grid as Ray Tune trials; each trial trains, evaluates, certifies and checks guardrails."""
     from rlhf_mlflow.core.config import parse_override
     from rlhf_mlflow.core.world_paths import WorldPaths
+    from rlhf_mlflow.steps.outputs import check_out
     from rlhf_mlflow.steps.ray_tune import SweepConfig, parse_grid
     from rlhf_mlflow.steps.sweep import release_best, run_sweep_step
     from rlhf_mlflow.training.rl_config import fixture_root
     if out:
-        check_writable(out)
+        check_out(out, {"--config": config_path, "--diagnostic": diagnostic_path})
     paths = WorldPaths.at(world or fixture_root(config_path)) if config_path else resolve_world(world)
     base = rl_config(ctx, paths, config_path, overrides, options)
     guardrails = dict(parse_override(g) for g in guardrail_overrides)

@@ -25,7 +25,8 @@ from rlhf_mlflow.cli.options import (
 @click.option("--out", default=None, help="Also write the checkpoint, run_config.json and log.jsonl here "
               "(an empty directory, or one this run's marker .rlhf_run.json claims).")
 @click.option("--overwrite", type=click.BOOL, is_flag=False, flag_value=True, default=False, show_default=True,
-              help="Delete what --out holds first (another run's files); `--overwrite` alone or "
+              help="Delete what --out holds first (another run's files, its marker says so; never an "
+              "unmarked directory); `--overwrite` alone or "
               "`--overwrite true|false` (as `mlflow run -P overwrite=true` passes it).")
 @click.option("--run-name", default=None, help="MLflow run name (default: kl<kl_coef>-s<steps>).")
 @click.option("--register/--no-register", default=True, show_default=True,
@@ -36,18 +37,18 @@ from rlhf_mlflow.cli.options import (
 @click.pass_context
 def train_rl_cmd(ctx, world, config_path, overrides, out, overwrite, run_name, register, resume_run, **options):
     """KL-regularised REINFORCE against a reward model, as an MLflow run."""
-    from rlhf_mlflow.core.files import check_run_dir
+    from rlhf_mlflow.steps.outputs import check_run_out
     from rlhf_mlflow.steps.train_rl import resume_train_rl, run_train_rl
     if resume_run:
         extra = given(ctx, ("world", "config_path", "overrides", "run_name", "overwrite", *options))
         if extra:
             raise click.UsageError(f"--resume continues the run with its own config; drop {', '.join(extra)}")
         if out:
-            check_run_dir(out, run_id=resume_run)
+            check_run_out(out, run_id=resume_run)
         echo_json(resume_train_rl(resume_run, out=out, register=register, echo=echo_err))
         return
     if out:  # before the default world is built; run_train_rl checks again with the resolved inputs
-        check_run_dir(out, overwrite=overwrite)
+        check_run_out(out, overwrite=overwrite)
     paths = world_for_config(world, config_path)
     cfg = rl_config(ctx, paths, config_path, overrides, options)
     echo_json(run_train_rl(cfg, world=paths, out=out, run_name=run_name, register=register, echo=echo_err,

@@ -2,7 +2,9 @@
 
 Everything is written under a temporary name in the target's own directory (same filesystem) and then
 renamed into place, so a crash, a full disk or a kill mid-write leaves the old file or none, never a
-truncated one. `check_writable` tells a user before any work starts that an output path is unusable.
+truncated one. `check_writable` tells a user before any work starts that an output path is unusable;
+`check_out_is_free`, that it would overwrite an input, a tracking store or a world; `check_run_dir`,
+that it holds files no run of this project marked as its own (which --overwrite never deletes).
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from contextlib import contextmanager
 from typing import IO
 
 from rlhf_mlflow.core.errors import InputError
+from rlhf_mlflow.core.world_paths import LAYOUT
 
 
 def _sibling(path: str, tag: str) -> str:
@@ -129,24 +132,87 @@ def run_of(path: str) -> str | None:
 
 def check_run_dir(path: str, run_id: str | None = None, overwrite: bool = False, option: str = "--out") -> str:
     """Before a run writes into directory `path`: it must be writable, and empty, or marked as run
-    `run_id`'s (a resumed run writes into its own directory), or `overwrite` must be given."""
+    `run_id`'s (a resumed run writes into its own directory), or marked as another run's and
+    `overwrite` given. A directory no run marked (.rlhf_run.json) is never deleted, not even with
+    `overwrite`, nor one that holds a world."""
     target = check_writable(path, option, directory=True)
-    if overwrite or not os.path.isdir(target) or not os.listdir(target):
+    if not os.path.isdir(target) or not os.listdir(target):
         return target
     owner = run_of(target)
+    if owner is None:
+        raise InputError(f"{option} {path}: already holds files that no run marked as its own (no {RUN_MARKER}); "
+                         "--overwrite deletes only a directory a run of this project wrote: choose an empty directory")
     if run_id is not None and owner == run_id:
         return target
-    what = f"the files of run {owner}" if owner else "files that no run marked as its own"
-    raise InputError(f"{option} {path}: already holds {what}; choose an empty directory, or pass --overwrite "
-                     "to delete them first")
+    if not overwrite:
+        raise InputError(f"{option} {path}: already holds the files of run {owner}; choose an empty directory, or "
+                         "pass --overwrite to delete them first")
+    nested = _world_under(target)
+    if nested:
+        raise InputError(f"{option} {path} --overwrite would delete the world {nested}: choose another directory")
+    return target
 
 
 def claim_run_dir(path: str, run_id: str, overwrite: bool = False) -> None:
-    """Make `path` run `run_id`'s: with `overwrite`, whatever it held is deleted first (set aside,
-    then removed); then the marker names the run."""
+    """Make `path` run `run_id`'s: with `overwrite`, what another run of this project wrote there (its
+    marker says so) is deleted first (set aside, then removed); then the marker names the run."""
     if overwrite and os.path.isdir(path) and os.listdir(path) and run_of(path) != run_id:
+        if run_of(path) is None:  # check_run_dir refused it; the directory changed since
+            raise InputError(f"--out {path}: holds files that no run marked as its own; not deleting them")
         old = _sibling(path, "old")
         os.rename(path, old)
         shutil.rmtree(old, ignore_errors=True)
     os.makedirs(path, exist_ok=True)
     atomic_write_json(os.path.join(path, RUN_MARKER), {"run_id": run_id})
+
+
+def is_world(path: str) -> bool:
+    """A world directory: the seed's fixture layout (policy/ and data/), built here (manifest.json) or not
+    (the expert set or the training prompts)."""
+    def has(item: str) -> bool:
+        return os.path.exists(os.path.join(path, LAYOUT[item]))
+    return (os.path.isdir(os.path.join(path, LAYOUT["policy"])) and os.path.isdir(os.path.join(path, "data"))
+            and (has("manifest") or has("expert_set") or has("prompts_train")))
+
+
+def _world_under(root: str) -> str | None:
+    """The first world directory at or below `root` (a run directory: a small tree), or None."""
+    for dirpath, dirs, _ in os.walk(root):
+        if is_world(dirpath):
+            return dirpath
+        dirs[:] = [d for d in dirs if not os.path.islink(os.path.join(dirpath, d))]
+    return None
+
+
+def _within(path: str, root: str) -> bool:
+    """`path` is `root` or lies inside it (both resolved)."""
+    return path == root or path.startswith(os.path.join(root, ""))
+
+
+def check_out_is_free(out: str, reads: dict[str, str | None] | None = None,
+                      protected: list[tuple[str, str]] = (), option: str = "--out", may_be_world: bool = False) -> None:
+    """Raise InputError (one line) if writing at `out` could overwrite or delete something the command
+    must leave alone: `out` is or contains a path the command reads (`reads`: name -> path), is,
+    contains or lies inside a `protected` path ((what, path): a tracking store's database or artifact
+    root), or is or lies inside a world directory (`may_be_world`: `out` itself may be one, for the
+    builder, which decides itself). Paths are compared resolved, symlinks followed."""
+    target = os.path.realpath(out)
+    for name, path in (reads or {}).items():
+        if path and os.path.exists(path):
+            real = os.path.realpath(path)
+            if _within(real, target):
+                how = "is" if real == target else "contains"
+                raise InputError(f"{option} {out}: {how} {name} {path}, which this command reads; choose another path")
+    for what, path in protected:
+        real = os.path.realpath(path)
+        if _within(real, target) or _within(target, real):
+            how = "is" if real == target else "contains" if _within(real, target) else "lies inside"
+            raise InputError(f"{option} {out}: {how} {what} {path}; choose a path outside it")
+    where = target if not may_be_world else os.path.dirname(target)
+    while True:
+        if is_world(where):
+            how = "is" if where == target else "lies inside"
+            raise InputError(f"{option} {out}: {how} the world {where}; choose a path outside every world")
+        if where == os.path.dirname(where):
+            return
+        where = os.path.dirname(where)

@@ -11,10 +11,10 @@ import tempfile
 from rlhf_mlflow.core import model as M
 from rlhf_mlflow.core import records as D
 from rlhf_mlflow.core import reward_model as R
-from rlhf_mlflow.core.files import check_writable
 from rlhf_mlflow.core.reward_wrapper import load_wrapper
 from rlhf_mlflow.decisions import bon_watch as BW
 from rlhf_mlflow.decisions import watch as W
+from rlhf_mlflow.steps.outputs import check_out
 from rlhf_mlflow.tracking import metric_names as MN
 from rlhf_mlflow.tracking import runs as T
 from rlhf_mlflow.tracking.policy_model import resolve_policy
@@ -30,7 +30,8 @@ def run_bon(policy: str, reward_model: str, prompts: str, n: int = 32, limit: in
     `watch_gold` (an expert set): the watch's best-of-n curve and fit as well, the reward model
     corrected by `watch_correction` in its estimates."""
     if out:
-        check_writable(out)
+        check_out(out, {"--policy": policy, "--reward-model": reward_model, "--prompts": prompts,
+                        "--watch-gold": watch_gold, "--watch-correction": watch_correction})
     records = D.read_jsonl(prompts)
     gold = D.read_jsonl(watch_gold, labelled=True) if watch_gold else None
     wrapper = load_wrapper(watch_correction) if watch_correction else None

@@ -13,12 +13,13 @@ import pandas as pd
 
 from rlhf_mlflow.core import records as D
 from rlhf_mlflow.core.errors import InputError
-from rlhf_mlflow.core.files import atomic_write_json, check_writable
+from rlhf_mlflow.core.files import atomic_write_json
 from rlhf_mlflow.core.reward_wrapper import load_wrapper
 from rlhf_mlflow.core.world_paths import WorldPaths
 from rlhf_mlflow.decisions import certify as C
 from rlhf_mlflow.decisions.label_requests import check_labels
 from rlhf_mlflow.steps.figures import certification_plot
+from rlhf_mlflow.steps.outputs import check_out
 from rlhf_mlflow.steps.reports import certification_markdown
 from rlhf_mlflow.tracking import metric_names as MN
 from rlhf_mlflow.tracking import registry as REG
@@ -78,9 +79,12 @@ def run_certify(version: str | None = None, policy: str | None = None, world: Wo
     logged for it (label_requests step), certify the families that have enough of them."""
     if bool(version) == bool(policy):
         raise InputError("certify needs exactly one of --model-version or --policy")
-    if out:
-        check_writable(out)
     inputs = world_inputs(world, reference=reference, gold=gold, rm_dir=rm_dir, pilot_prompts=pilot_prompts)
+    if out:
+        check_out(out, {**{f"--{k.replace('_', '-')}": v for k, v in inputs.items()}, "--policy": policy,
+                        "--correction": correction, "--policy-labels": policy_labels,
+                        "--diagnostic": diagnostic if isinstance(diagnostic, str) else None,
+                        "--world": world.root if world else None})
     wrapper = load_wrapper(correction)  # the bytes hashed below are the bytes certify executes
     params = {**inputs, "model_version": version, "policy": policy, "correction": correction,
               "diagnostic": diagnostic if isinstance(diagnostic, str) or diagnostic is None else "(in memory)",

@@ -5,8 +5,9 @@ from __future__ import annotations
 from rlhf_mlflow.core import model as M
 from rlhf_mlflow.core import records as D
 from rlhf_mlflow.core import reward_model as R
-from rlhf_mlflow.core.files import atomic_write_json, check_writable
+from rlhf_mlflow.core.files import atomic_write_json
 from rlhf_mlflow.steps.figures import family_bars
+from rlhf_mlflow.steps.outputs import check_out
 from rlhf_mlflow.tracking import metric_names as MN
 from rlhf_mlflow.tracking import runs as T
 from rlhf_mlflow.tracking.policy_model import resolve_policy
@@ -18,7 +19,8 @@ def run_dev_eval(policy: str, policy_ref: str, reward_model: str, prompts: str, 
     """The seed's dev evaluation of a checkpoint directory or models:/ URI; metrics are linked to the
     policy's LoggedModel when it has one. `out` receives the metrics JSON."""
     if out:
-        check_writable(out)
+        check_out(out, {"--policy": policy, "--policy-ref": policy_ref, "--reward-model": reward_model,
+                        "--prompts": prompts, "--gold": gold})
     prompt_records = D.read_jsonl(prompts)
     gold_records = D.read_jsonl(gold, labelled=True) if gold else None
     params = {"policy": policy, "policy_ref": policy_ref, "reward_model": reward_model, "prompts": prompts,

@@ -2,9 +2,10 @@
 flag/<family>, the evidence JSON and a figure)."""
 from __future__ import annotations
 
-from rlhf_mlflow.core.files import atomic_write_json, check_writable
+from rlhf_mlflow.core.files import atomic_write_json
 from rlhf_mlflow.decisions.diagnostic import run_diagnostic
 from rlhf_mlflow.steps.figures import diagnostic_bars
+from rlhf_mlflow.steps.outputs import check_out
 from rlhf_mlflow.tracking import metric_names as MN
 from rlhf_mlflow.tracking import runs as T
 
@@ -14,7 +15,7 @@ def run_diagnostic_step(rm_dir: str, policy_dir: str, prompts: str, n_prompts: i
     """The gold-free shortcut audit; logs risk/<family>, flag/<family>, the evidence and a figure.
     `out` receives the result JSON; `gold` (optional) is an expert set that credits correctness."""
     if out:
-        check_writable(out)
+        check_out(out, {"--rm-dir": rm_dir, "--policy-dir": policy_dir, "--prompts": prompts, "--gold": gold})
     params = {"rm_dir": rm_dir, "policy_dir": policy_dir, "prompts": prompts, "n_prompts": n_prompts, "seed": seed,
               "gold": gold or ""}
     with T.tracked_run("diagnostic", params, run_name="diagnostic"):

@@ -8,15 +8,16 @@ from collections.abc import Callable
 
 from rlhf_mlflow.core import records as D
 from rlhf_mlflow.core.errors import InputError
-from rlhf_mlflow.core.files import atomic_write_bytes, check_writable
+from rlhf_mlflow.core.files import atomic_write_bytes
 from rlhf_mlflow.core.world_paths import WorldPaths
+from rlhf_mlflow.steps.outputs import check_out
 from rlhf_mlflow.tracking import runs as T
 from rlhf_mlflow.world.annotator import label_requests
 
 
 def run_expert_label(world: WorldPaths, requests: str, out: str, echo: Callable[[str], None] = print) -> list[dict]:
     """Label every request; write the labelled records to `out`; returns them."""
-    check_writable(out)
+    check_out(out, {"--requests": requests, "--world": world.root})
     records = D.read_jsonl(requests)
     missing = [r["id"] for r in records if "response" not in r]
     if missing:

@@ -12,9 +12,10 @@ from rlhf_mlflow.core import model as M
 from rlhf_mlflow.core import records as D
 from rlhf_mlflow.core import vocab as V
 from rlhf_mlflow.core.errors import InputError
-from rlhf_mlflow.core.files import atomic_write_bytes, check_writable
+from rlhf_mlflow.core.files import atomic_write_bytes
 from rlhf_mlflow.core.world_paths import WorldPaths
 from rlhf_mlflow.decisions.label_requests import draw_requests
+from rlhf_mlflow.steps.outputs import check_out
 from rlhf_mlflow.tracking import registry as REG
 from rlhf_mlflow.tracking import runs as T
 
@@ -40,7 +41,7 @@ def run_label_requests(version: str, world: WorldPaths, families: str = "auto", 
                        seed: int = 0, out: str = "label_requests.jsonl",
                        echo: Callable[[str], None] = print) -> dict:
     """Draw the requests, write them to `out`, log them; returns {run_id, requests, families}."""
-    check_writable(out)
+    check_out(out, {"the expert set": world.expert_set, "--world": world.root})
     mv = REG.version_for_world(version, world)
     chosen = resolve_families(families, mv)
     expert_set = D.read_jsonl(world.expert_set, labelled=True)

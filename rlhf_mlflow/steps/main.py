@@ -16,7 +16,7 @@ from collections.abc import Callable
 import pandas as pd
 
 from rlhf_mlflow.core import shortcut_rules as SR
-from rlhf_mlflow.core.files import atomic_write_json, check_writable
+from rlhf_mlflow.core.files import atomic_write_json
 from rlhf_mlflow.core.world_paths import WorldPaths
 from rlhf_mlflow.decisions import guardrails as G
 from rlhf_mlflow.steps.certify import run_certify
@@ -27,6 +27,7 @@ from rlhf_mlflow.steps.grade import run_grade, run_grade_checkpoint
 from rlhf_mlflow.steps.main_candidates import CHECKPOINTS, WATCH_EVERY, TrainJob, train_all
 from rlhf_mlflow.steps.main_labels import LabelBudget, buy_labels
 from rlhf_mlflow.steps.main_summary import summary_table
+from rlhf_mlflow.steps.outputs import check_out
 from rlhf_mlflow.steps.release import run_release
 from rlhf_mlflow.steps.reports import markdown_table, story_markdown
 from rlhf_mlflow.steps.train_rl import run_train_rl
@@ -63,7 +64,7 @@ def run_main(world: WorldPaths, out_dir: str, steps_scale: float = 1.0, ceiling:
     """The whole story; returns the summary table (its `attrs["ceiling"]` holds the ceiling, if run).
     `label_budget`: expert labels main may buy on candidates' own responses (main_labels.py);
     `guardrails`: threshold overrides for every release (GuardrailConfig keys)."""
-    os.makedirs(check_writable(out_dir, "--out", directory=True), exist_ok=True)
+    os.makedirs(check_out(out_dir, {"--world": world.root}, directory=True), exist_ok=True)
     gates = G.GuardrailConfig.from_dict(guardrails or {})  # what every release (and label purchase) applies
     t0 = time.perf_counter()
     params = {"world": world.root, "steps_scale": steps_scale, "label_budget": label_budget,

@@ -247,13 +247,10 @@ def _model_name(recipe: str) -> str:
 
 
 def _check_out(out: str, cfg: RLConfig, overwrite: bool) -> None:
-    """Before the run: `out` is writable and free (files.check_run_dir), and --overwrite would not
-    delete one of the run's own inputs."""
-    F.check_run_dir(out, overwrite=overwrite)
-    root = os.path.join(os.path.abspath(out), "")
-    for key in PATH_KEYS:
-        path = getattr(cfg, key)
-        if overwrite and path and os.path.join(os.path.abspath(path), "").startswith(root):
-            raise InputError(f"--out {out} --overwrite would delete {key} {path}: choose another directory")
-    if overwrite and os.path.join(os.getcwd(), "").startswith(root):
+    """Before the run: `out` is none of the run's inputs and holds none, is no tracking store's or
+    world's, is writable and free (outputs.check_run_out), and --overwrite would not delete the
+    current directory."""
+    from rlhf_mlflow.steps.outputs import check_run_out
+    check_run_out(out, {key: getattr(cfg, key) for key in PATH_KEYS}, overwrite)
+    if overwrite and os.path.join(os.getcwd(), "").startswith(os.path.join(os.path.realpath(out), "")):
         raise InputError(f"--out {out} --overwrite would delete the current directory: choose another directory")

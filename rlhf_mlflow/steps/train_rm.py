@@ -7,8 +7,8 @@ from dataclasses import asdict
 
 from rlhf_mlflow.core import records as D
 from rlhf_mlflow.core import reward_model as R
-from rlhf_mlflow.core.files import check_writable
 from rlhf_mlflow.tracking import metric_names as MN
+from rlhf_mlflow.steps.outputs import check_out
 from rlhf_mlflow.tracking import runs as T
 from rlhf_mlflow.training.train_rm import RMConfig, per_family_fit, train_rm
 
@@ -16,7 +16,7 @@ from rlhf_mlflow.training.train_rm import RMConfig, per_family_fit, train_rm
 def run_train_rm(data: str, out: str, cfg: RMConfig, gold: str | None = None,
                  echo: Callable[[str], None] = print) -> dict:
     """Train, save to `out`, log; returns the per-family fit on the training records."""
-    check_writable(out, directory=True)
+    check_out(out, {"--data": data, "--gold": gold}, directory=True)
     records = D.read_jsonl(data, labelled=True)
     gold_recs = D.read_jsonl(gold, labelled=True) if gold else None
     with T.tracked_run("train_rm", {**asdict(cfg), "data": data, "gold": gold}):
