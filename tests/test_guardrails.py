@@ -5,8 +5,11 @@ import copy
 
 import pytest
 
+from dataclasses import asdict
+
 from rlhf_mlflow.core.errors import InputError
-from rlhf_mlflow.decisions.guardrails import NAMES, GuardrailConfig, evaluate
+from rlhf_mlflow.decisions.certify import CertifyConfig
+from rlhf_mlflow.decisions.guardrails import NAMES, GuardrailConfig, evaluate, non_default
 
 FAMS = ["anvil", "birch", "dune"]
 
@@ -20,7 +23,7 @@ def report(gain=0.08, kl=1.0, ess=40.0, shortcut=(0.2, 0.3)) -> dict:
                                   "reference_count": shortcut[0], "policy_count": shortcut[1]}]
     bal = {"certifiable": True, "reason": "ok", "reference": 0.27, "estimate": 0.27 + gain, "gain": gain,
            "gain_lo": gain - 0.03, "gain_hi": gain + 0.03, "lo": 0.24 + gain, "hi": 0.30 + gain}
-    return {"families": fams, "balanced": bal}
+    return {"families": fams, "balanced": bal, "config": asdict(CertifyConfig()), "input_sha256": {"gold": "ab" * 32}}
 
 
 def failed(results):
@@ -84,9 +87,45 @@ def test_min_ess_is_certifys_threshold_read_back_not_a_second_one():
     """Regression: after `certify --min-ess 5`, a family with ESS 7 is certifiable; release used to
     refuse it as "not certifiable: dune (ok)" by comparing its own min_ess to the family's ESS."""
     r = report(ess=7.0)
-    r["config"] = {"min_ess": 5.0}
+    r["config"]["min_ess"] = 5.0
     ok, why = evaluate(r, GuardrailConfig())["certifiable"]
     assert not ok and "certified with min_ess 5, below the 10 required" in why and "(ok)" not in why
     assert evaluate(r, GuardrailConfig(min_ess=5.0))["certifiable"][0]
-    r["config"] = {"min_ess": 10.0}
+    r["config"]["min_ess"] = 10.0
     assert evaluate(r, GuardrailConfig())["certifiable"] == (True, "every family certifiable (min_ess 10), min ESS 7.0")
+
+
+@pytest.mark.parametrize("key, value", [("max_khat", 5.0), ("min_labels", 2), ("level", 0.5), ("ess_widening", 0.0),
+                                        ("label_widening", 1.0), ("family_correlation", 0.0)])
+def test_a_looser_certification_is_refused_not_rejudged(key, value):
+    """`certify --max-khat 5` or `--min-labels 2` then a default release: its families were certified by a
+    looser rule than release's, so certifiable fails naming the threshold (and every guardrail reads it)."""
+    r = report()
+    r["config"][key] = value
+    ok, why = evaluate(r)["certifiable"]
+    assert not ok and f"certified with {key} {value:g}" in why
+    assert non_default(GuardrailConfig(), r["config"]) == [f"certify.{key}={value:g}"]
+    if key in ("max_khat", "min_labels"):  # loosened at release, in the open
+        assert evaluate(r, GuardrailConfig(**{key: value}))["certifiable"][0]
+
+
+def test_a_report_that_does_not_state_a_threshold_is_refused():
+    r = report()
+    del r["config"]["max_khat"]
+    ok, why = evaluate(r)["certifiable"]
+    assert not ok and "max_khat unstated" in why
+
+
+def test_the_champion_is_compared_only_on_the_same_expert_set():
+    champion = report(gain=0.02)
+    champion["input_sha256"] = {"gold": "cd" * 32}
+    ok, why = evaluate(report(gain=0.3), champion=champion)["beats_champion"]
+    assert not ok and "not made on the same expert set" in why
+    champion["input_sha256"] = {"gold": "ab" * 32}
+    assert evaluate(report(gain=0.3), champion=champion)["beats_champion"][0]
+
+
+def test_non_default_names_every_changed_threshold():
+    assert non_default(GuardrailConfig(), asdict(CertifyConfig())) == []
+    cfg = GuardrailConfig.from_dict({"min_balanced_gain": "-1", "require_significant_gain": "false", "min_labels": "30"})
+    assert non_default(cfg) == ["min_balanced_gain=-1", "require_significant_gain=false", "min_labels=30"]

@@ -71,10 +71,11 @@ def versions(certified_store, tmp_path, tracking_uri) -> dict[str, float]:
 
 
 def _forge(version: str, estimate: float, experiment: str | None = None, step: str | None = "certify",
-           estimator: int | None = None) -> str:
+           estimator: int | None = None, params: bool = True) -> str:
     """A run holding a copy of the version's genuine certification with every estimate set to
-    `estimate`, its metrics logged to match; the version's tags pointed at it (`estimator`: the report
-    says an older estimator wrote it; 0 drops the field, as reports before it). Returns its id."""
+    `estimate`, its metrics logged to match, and (with `params`) the genuine run's parameters; the
+    version's tags pointed at it (`estimator`: the report says an older estimator wrote it; 0 drops the
+    field, as reports before it). Returns its id."""
     mv = _client().get_model_version(REGISTERED_MODEL, version)
     genuine = mv.tags["certification.run_id"]
     report = json.loads(open(mlflow.artifacts.download_artifacts(run_id=genuine, artifact_path="certification.json")).read())
@@ -87,7 +88,7 @@ def _forge(version: str, estimate: float, experiment: str | None = None, step: s
         mlflow.set_experiment(experiment)
     tags = {"rlhf.step": step} if step else {}
     with mlflow.start_run(tags=tags) as run:
-        mlflow.log_param("model_version", version)
+        mlflow.log_params(_client().get_run(genuine).data.params if params else {"model_version": version})
         groups = {**report["families"], "balanced": report["balanced"]}
         mlflow.log_metrics({f"certify/certified/{g}": estimate for g in groups}, model_id=report["subject"]["model_id"])
         sha = T.log_json_artifact(report, "certification.json")
@@ -119,6 +120,10 @@ def test_forged_failed_and_foreign_certifications_are_refused(versions):
     tags = _client().get_model_version(REGISTERED_MODEL, v2).tags
     assert not any(k.startswith(("guardrail.", "release.")) for k in tags), tags  # registry untouched
     assert "Traceback" not in res.output
+    # a certify run whose parameters do not name the inputs its report names
+    _forge(v2, 0.9, params=False)
+    res = _run("release", "--model-version", v2, "--guardrails", LENIENT)
+    assert res.exit_code == 1 and "its certify run's parameters reference None" in res.output, res.output
 
 
 def test_a_report_an_older_estimator_wrote_is_refused_with_why(versions):

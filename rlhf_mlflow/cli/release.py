@@ -66,11 +66,16 @@ def certify_cmd(model_version, policy, world, reference, gold, rm_dir, correctio
               help="One key=value guardrail threshold, repeatable (the spelling `sweep` takes).")
 @click.option("--lock-wait", type=click.FloatRange(0), default=600.0, show_default=True,
               help="Seconds to wait for another release of the model to finish (releases decide one at a time).")
-def release_cmd(model_version, certification_run, guardrails, guardrail, lock_wait):
+@click.option("--trust-remote-evidence", type=click.BOOL, is_flag=False, flag_value=True, default=False,
+              show_default=True,
+              help="Release a certification whose inputs are not on this machine on its provenance alone, without "
+                   "recomputing it (written on the version); inputs that are here but changed are refused anyway. "
+                   "`--trust-remote-evidence` alone or `--trust-remote-evidence true|false`.")
+def release_cmd(model_version, certification_run, guardrails, guardrail, lock_wait, trust_remote_evidence):
     """Promote a version to `champion` only if every guardrail passes; tag the version with each result."""
     from rlhf_mlflow.steps.release import run_release
     res = run_release(model_version, certification_run, guardrail_overrides(guardrails, guardrail), echo=echo_err,
-                      lock_wait=lock_wait)
+                      lock_wait=lock_wait, trust_remote=trust_remote_evidence)
     echo_json({"decision": res["decision"], "run_id": res["run_id"],
                "guardrails": {k: {"pass": ok, "reason": why} for k, (ok, why) in res["guardrails"].items()}})
 

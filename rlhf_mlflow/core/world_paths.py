@@ -70,3 +70,50 @@ class WorldPaths:
         if m:
             out.update(world_seed=m["seed"], world_hash=m["world_hash"])
         return out
+
+
+WORLD_INPUTS = ("reference", "gold", "rm_dir", "pilot_prompts")
+"""The inputs of a certification that are files of the policy's world (the rest are the user's)."""
+
+
+def enclosing_world(path: str) -> WorldPaths | None:
+    """The built world (a directory whose manifest.json lists its files) that holds `path`, or None."""
+    here = os.path.dirname(os.path.realpath(path))
+    while True:
+        if os.path.isfile(os.path.join(here, LAYOUT["manifest"])):
+            world = WorldPaths(here)
+            try:
+                if isinstance((world.manifest() or {}).get("files"), dict):
+                    return world
+            except (OSError, ValueError):
+                pass
+        parent = os.path.dirname(here)
+        if parent == here:
+            return None
+        here = parent
+
+
+def world_file_problem(path: str, world_hash: str) -> str | None:
+    """Why `path` is not, byte for byte, a file (or directory) of world `world_hash` as its builder wrote
+    it, in words; None when it is. A world is its manifest: a copy whose files were edited is not it."""
+    import hashlib
+    world = enclosing_world(path)
+    if world is None:
+        return f"{path} is not in a world built here (no manifest.json above it); world {world_hash} has its own"
+    manifest = world.manifest()
+    if manifest.get("world_hash") != world_hash:
+        return f"{path} is a file of world {manifest.get('world_hash')}, not of world {world_hash}"
+    rel = os.path.relpath(os.path.realpath(path), world.root)
+    listed = {k: v for k, v in manifest["files"].items() if k == rel or k.startswith(rel + os.sep)}
+    if not listed:
+        return f"{path}: world {world_hash}'s manifest lists no such file"
+    for name, sha in sorted(listed.items()):
+        try:
+            with open(os.path.join(world.root, name), "rb") as f:
+                same = hashlib.sha256(f.read()).hexdigest() == sha
+        except OSError:
+            same = False
+        if not same:
+            return (f"{os.path.join(world.root, name)} is not the file world {world_hash} was built with "
+                    "(missing or changed since; its manifest.json holds each file's sha256)")
+    return None

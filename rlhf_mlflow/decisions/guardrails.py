@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass, fields
 from rlhf_mlflow.core import shortcut_rules as SR
 from rlhf_mlflow.core.config import check_range
 from rlhf_mlflow.core.errors import InputError
+from rlhf_mlflow.decisions.certify import CertifyConfig
 
 
 @dataclass(frozen=True)
@@ -22,6 +23,10 @@ class GuardrailConfig:
     min_ess: float = 10.0
     """Every family must be certifiable, by a certification that refused families with fewer effective
     expert samples than this (its own `min_ess`, which certify applied: one threshold, one place)."""
+    max_khat: float = 0.7
+    """... and families whose importance weights' Pareto tail k-hat was above this (certify's `max_khat`)."""
+    min_labels: int = 20
+    """... and certified a family from expert labels only with at least this many (certify's `min_labels`)."""
     max_family_kl: float = 4.0
     """Every family's KL(policy || reference) per response, in nats, must be at most this: a cap on drift.
     Runs that collapse a family onto a marker sit at 6-12 nats there; the corrected kl 0.05 recipe at
@@ -37,6 +42,8 @@ class GuardrailConfig:
         check_range("min_family_change", self.min_family_change, -1, 1)
         check_range("champion_margin", self.champion_margin, 0, 1)
         check_range("min_ess", self.min_ess, 1)
+        check_range("max_khat", self.max_khat, 0)
+        check_range("min_labels", self.min_labels, 2, integer=True)
         check_range("max_family_kl", self.max_family_kl, 0, lo_open=True)
         check_range("max_marker_increase", self.max_marker_increase, 0)
         if not isinstance(self.require_significant_gain, bool):
@@ -59,6 +66,8 @@ class GuardrailConfig:
                     v = float(v)
                 except ValueError:
                     raise InputError(f"{where}: {k} must be a number, got {v!r}") from None
+            if types[k] is int and isinstance(v, float) and v.is_integer():
+                v = int(v)
             out[k] = v
         return cls(**out)
 
@@ -69,17 +78,69 @@ class GuardrailConfig:
 NAMES = ("certifiable", "balanced_gain", "family_change", "family_kl", "marker_collapse", "beats_champion")
 
 
+CERTIFY_THRESHOLDS = ("min_ess", "max_khat", "min_labels", "level", "ess_widening", "label_widening",
+                      "family_correlation")
+"""The numbers of a certification's config that decide what it certifies and how wide its intervals are
+(seed, sample counts and label_looks are not thresholds)."""
+LEGACY = {"ess_widening": 0.0, "label_widening": 1.0, "family_correlation": 0.0}
+"""What a report written before a constant existed was certified with (release._certify_config)."""
+
+
+def required_thresholds(cfg: GuardrailConfig) -> dict[str, float]:
+    """What release requires of a certification's config: min_ess, max_khat and min_labels as the
+    guardrails say; the interval level and widenings at least certify's own defaults (they are the
+    estimator, not a policy choice)."""
+    default = CertifyConfig()
+    return {"min_ess": cfg.min_ess, "max_khat": cfg.max_khat, "min_labels": cfg.min_labels,
+            **{k: getattr(default, k) for k in CERTIFY_THRESHOLDS[3:]}}
+
+
+def looser_thresholds(certified_with: dict, cfg: GuardrailConfig) -> list[str]:
+    """Each threshold a certification ran with that is looser than release requires, in words; a
+    threshold the report does not state counts as looser (it cannot be shown to hold)."""
+    out = []
+    for key, need in required_thresholds(cfg).items():
+        used = certified_with.get(key, LEGACY.get(key))
+        upper = key == "max_khat"  # the one threshold where a larger value certifies more
+        if not isinstance(used, (int, float)) or (used > need if upper else used < need):
+            shown = "unstated" if used is None else f"{used:g}"
+            out.append(f"{key} {shown}, {'above' if upper else 'below'} the {need:g} required")
+    return out
+
+
+def non_default(cfg: GuardrailConfig, certified_with: dict | None = None) -> list[str]:
+    """Every guardrail threshold, and every certify threshold of the certification, that is not its
+    default, as `name=value` (certify's as `certify.name=value`): what a version records it was
+    released under."""
+    out = [f"{k}={v:g}" if not isinstance(v, bool) else f"{k}={str(v).lower()}"
+           for k, v in asdict(cfg).items() if v != getattr(GuardrailConfig(), k)]
+    default = CertifyConfig()
+    for key in CERTIFY_THRESHOLDS if certified_with is not None else ():
+        used = certified_with.get(key, LEGACY.get(key))
+        if used is not None and used != getattr(default, key):
+            out.append(f"certify.{key}={used:g}")
+    return out
+
+
 def _certifiable(report: dict, cfg: GuardrailConfig) -> tuple[bool, str]:
-    """Every family certifiable, by certify's own refusal rule, applied with a min_ess at least ours."""
+    """Every family certifiable, by certify's own refusal rule, applied with thresholds at least as
+    strict as ours (a looser certification is refused, not re-judged)."""
     fams = report["families"]
-    used = report.get("config", {}).get("min_ess", cfg.min_ess)
-    if used < cfg.min_ess:
-        return False, (f"certified with min_ess {used:g}, below the {cfg.min_ess:g} required: certify again with "
-                       f"--min-ess {cfg.min_ess:g} (or release with --guardrail min_ess={used:g})")
+    used = report.get("config", {})
+    looser = looser_thresholds(used, cfg)
+    if looser:
+        return False, (f"certified with {'; '.join(looser)}: certify again with release's thresholds (min_ess, "
+                       "max_khat and min_labels may be loosened at release with --guardrail NAME=VALUE)")
     weak = [f"{f} ({r['reason']})" for f, r in fams.items() if not r["certifiable"]]
     if weak:
         return False, "not certifiable: " + ", ".join(weak)
-    return True, f"every family certifiable (min_ess {used:g}), min ESS {min(r['ess'] for r in fams.values()):.1f}"
+    return True, f"every family certifiable (min_ess {used['min_ess']:g}), min ESS " \
+        f"{min(r['ess'] for r in fams.values()):.1f}"
+
+
+def expert_set_sha256(report: dict) -> str | None:
+    """The content hash of the expert set a report was certified on (None when it does not say)."""
+    return (report.get("input_sha256") or {}).get("gold")
 
 
 def _fmt(x) -> str:
@@ -135,6 +196,10 @@ def evaluate(report: dict, cfg: GuardrailConfig = GuardrailConfig(),
 
     if champion is None:
         out["beats_champion"] = (True, "no current champion")
+    elif expert_set_sha256(report) is None or expert_set_sha256(report) != expert_set_sha256(champion):
+        out["beats_champion"] = (False, "cannot compare with the champion: its certification and this one were not "
+                                 f"made on the same expert set (sha256 {str(expert_set_sha256(champion))[:12]} vs "
+                                 f"{str(expert_set_sha256(report))[:12]}); certify both on one expert set")
     elif not bal["certifiable"] or not champion["balanced"]["certifiable"]:
         out["beats_champion"] = (False, "cannot compare with the champion: a balanced estimate is missing")
     else:

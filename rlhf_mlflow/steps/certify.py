@@ -12,10 +12,11 @@ from collections.abc import Callable
 import pandas as pd
 
 from rlhf_mlflow.core import records as D
+from rlhf_mlflow.core.checkpoint import content_sha256
 from rlhf_mlflow.core.errors import InputError
 from rlhf_mlflow.core.files import atomic_write_json
 from rlhf_mlflow.core.reward_wrapper import load_wrapper
-from rlhf_mlflow.core.world_paths import WorldPaths
+from rlhf_mlflow.core.world_paths import WORLD_INPUTS, WorldPaths, world_file_problem
 from rlhf_mlflow.decisions import certify as C
 from rlhf_mlflow.decisions.label_requests import check_labels
 from rlhf_mlflow.steps.figures import certification_plot
@@ -32,11 +33,21 @@ def world_inputs(world: WorldPaths | None, **explicit) -> dict:
     if world:
         defaults = {"reference": world.policy, "gold": world.expert_set, "rm_dir": world.reward_model,
                     "pilot_prompts": world.prompts_dev}
-    out = {**defaults, **{k: v for k, v in explicit.items() if v}}
+    out = {**defaults, **{k: os.path.abspath(v) for k, v in explicit.items() if v}}
     for k in ("reference", "gold"):
         if not out.get(k):
             raise InputError(f"certify needs --{k} (or --world, a fixture directory that has it)")
     return out
+
+
+def check_world_inputs(inputs: dict, world_hash: str | None, version) -> None:
+    """A version trained on a world built here is certified on that world's files as it was built
+    (its manifest's hashes), whichever options named them; InputError naming the first that is not."""
+    for k in WORLD_INPUTS:
+        problem = world_hash and inputs.get(k) and world_file_problem(inputs[k], world_hash)
+        if problem:
+            raise InputError(f"--{k.replace('_', '-')}: version {version} was trained on world {world_hash}, "
+                             f"and {problem}")
 
 
 CHARTED = (("estimate", "certified"), ("lo", "certified_lo"), ("hi", "certified_hi"), ("gain", "gain"),
@@ -79,20 +90,21 @@ def run_certify(version: str | None = None, policy: str | None = None, world: Wo
     logged for it (label_requests step), certify the families that have enough of them."""
     if bool(version) == bool(policy):
         raise InputError("certify needs exactly one of --model-version or --policy")
-    inputs = world_inputs(world, reference=reference, gold=gold, rm_dir=rm_dir, pilot_prompts=pilot_prompts)
+    inputs = world_inputs(world, reference=reference, gold=gold, rm_dir=rm_dir, pilot_prompts=pilot_prompts,
+                          correction=correction, policy_labels=policy_labels)
     if out:
         check_out(out, {**{f"--{k.replace('_', '-')}": v for k, v in inputs.items()}, "--policy": policy,
-                        "--correction": correction, "--policy-labels": policy_labels,
                         "--diagnostic": diagnostic if isinstance(diagnostic, str) else None,
                         "--world": world.root if world else None})
-    wrapper = load_wrapper(correction)  # the bytes hashed below are the bytes certify executes
-    params = {**inputs, "model_version": version, "policy": policy, "correction": correction,
+    wrapper = load_wrapper(inputs.get("correction"))  # the bytes hashed below are the bytes certify executes
+    params = {**inputs, "model_version": version, "policy": policy,
               "diagnostic": diagnostic if isinstance(diagnostic, str) or diagnostic is None else "(in memory)",
-              "policy_labels": policy_labels, **{f"certify.{k}": v for k, v in cfg.__dict__.items()}}
+              **{f"{k}_sha256": content_sha256(v) for k, v in inputs.items() if k != "correction" and os.path.exists(v)},
+              **{f"certify.{k}": v for k, v in cfg.__dict__.items()}}
     if wrapper:
         params["correction_sha256"] = wrapper.sha256
-    if version:  # before the run: a version of another world is refused with nothing logged
-        REG.version_for_world(version, world)
+    if version:  # before the run: a version of another world, or another world's files, refused with nothing logged
+        check_world_inputs(inputs, REG.version_for_world(version, world).tags.get("world_hash"), version)
     with T.tracked_run("certify", params, tags=tags,
                        run_name=f"certify-v{version}" if version else "certify") as run:
         model_id = None
@@ -100,10 +112,10 @@ def run_certify(version: str | None = None, policy: str | None = None, world: Wo
             policy, model_id = REG.download_policy(version)
         if wrapper:
             T.log_bytes(wrapper.source, os.path.basename(wrapper.path), "correction")
-        labels = _checked_labels(policy_labels, version)
+        labels = _checked_labels(inputs.get("policy_labels"), version)
         report = C.certify(policy, inputs["reference"], inputs["gold"], rm_dir=inputs.get("rm_dir"),
                            correction=wrapper, diagnostic=diagnostic, pilot_prompts=inputs.get("pilot_prompts"),
-                           cfg=cfg, policy_labels=policy_labels)
+                           cfg=cfg, policy_labels=inputs.get("policy_labels"))
         report["subject"] = ({"registered_model": REG.REGISTERED_MODEL, "model_version": str(version),
                               "model_id": model_id} if version else {"policy": policy})
         _log_report(report, model_id, labels, out)

@@ -91,6 +91,11 @@ def run_main(world: WorldPaths, out_dir: str, steps_scale: float = 1.0, ceiling:
         if ceiling:
             _ceiling_if_new_champion(world, out_dir, table, steps_scale, echo)
         story = story_markdown(table)
+        loosened = G.non_default(gates)
+        if loosened:  # a reader must not take a loosened gate's champion for the default gate's
+            story = f"**Released under non-default guardrails: {', '.join(loosened)}**\n\n" + story
+            T.set_tags({"rlhf.non_default": ", ".join(loosened)})
+            echo(f"main: every release ran under non-default guardrails: {', '.join(loosened)}")
         T.set_description(story)
         T.log_text(story + "\nEvery column (each guardrail, dev proxy, checkpoint step): summary.csv, or "
                    "full_summary.md.\n", "summary.md")

@@ -13,10 +13,11 @@ from collections.abc import Callable
 from rlhf_mlflow.core import shortcut_rules as SR
 from rlhf_mlflow.core.checkpoint import content_sha256
 from rlhf_mlflow.core.errors import InputError
+from rlhf_mlflow.core.world_paths import WORLD_INPUTS, world_file_problem
 from rlhf_mlflow.decisions import certify as C
 from rlhf_mlflow.decisions import guardrails as G
 from rlhf_mlflow.steps.reports import (
-    guardrails_markdown,
+    gate_markdown,
     release_markdown,
     verdict_markdown,
 )
@@ -27,24 +28,27 @@ from rlhf_mlflow.tracking.release_lock import ReleaseLock
 
 
 def run_release(version: str, certification_run: str | None = None, guardrails: dict | None = None,
-                echo: Callable[[str], None] = print, lock_wait: float = 600.0) -> dict:
+                echo: Callable[[str], None] = print, lock_wait: float = 600.0, trust_remote: bool = False) -> dict:
     """Evaluate the guardrails for `version`; promote it to champion only if every one passes.
 
-    The certification is checked before anything else (provenance, then recomputed from its inputs
-    where they are on this machine); the champion read, the guardrails and the alias move then happen
-    under the registry's release lock, so concurrent releases decide one after another."""
+    The certification is checked before anything else (provenance, then recomputed from its inputs;
+    inputs not on this machine are refused unless `trust_remote`); the champion read, the guardrails
+    and the alias move then happen under the registry's release lock, so concurrent releases decide
+    one after another. Thresholds other than the defaults are written on the version."""
     cfg = G.GuardrailConfig.from_dict(guardrails or {})
-    params = {"model_version": version, "certification_run": certification_run,
+    params = {"model_version": version, "certification_run": certification_run, "trust_remote_evidence": trust_remote,
               **{f"guardrail.{k}": v for k, v in cfg.to_dict().items()}}
     with T.tracked_run("release", params, run_name=f"release-v{version}") as run:
         mv = REG.get_version(version)
         cert_run, report = REG.certification_for(mv, certification_run)
-        evidence = recompute_certification(report, mv, cert_run)
+        evidence = recompute_certification(report, mv, cert_run, trust_remote)
         echo(f"release version {mv.version}: certification {cert_run} {evidence}")
+        loosened = G.non_default(cfg, report.get("config"))
         with ReleaseLock(REG.REGISTERED_MODEL, run.info.run_id, wait_seconds=lock_wait) as lock:
             current = REG.champion_version()
             is_champion = current is not None and current.version == mv.version
-            champion_report = None if current is None or is_champion else REG.champion_certification(current)
+            champion_report = None if current is None or is_champion else _champion_report(current, report,
+                                                                                           trust_remote)
             results = G.evaluate(report, cfg, champion_report)
             if is_champion:
                 results["beats_champion"] = (True, "already the champion")
@@ -55,7 +59,7 @@ def run_release(version: str, certification_run: str | None = None, guardrails: 
                           | {MN.RELEASE + "promoted": float(passed)})
             T.log_text(release_markdown(mv.version, results, decision, before), "release.md")
             T.log_json_artifact({"model_version": mv.version, "certification_run": cert_run, "evidence": evidence,
-                                 "decision": decision, "champion_before": before,
+                                 "decision": decision, "champion_before": before, "non_default": loosened,
                                  "guardrails": {k: {"pass": ok, "reason": why} for k, (ok, why) in results.items()},
                                  "config": cfg.to_dict()}, "release.json")
             lock.check()
@@ -64,47 +68,129 @@ def run_release(version: str, certification_run: str | None = None, guardrails: 
                                          for k, (ok, why) in results.items()},
                                       "release.decision": "promoting" if passed else "refused",
                                       "release.run_id": run.info.run_id, "release.evidence": evidence,
+                                      "release.non_default": ", ".join(loosened) or "none",
                                       "release.certification_run_id": cert_run,
                                       "release.certification_sha256": mv.tags.get("certification.sha256", "")})
             if passed:
                 REG.move_champion(mv.version)
                 REG.set_tags(mv.version, {"release.decision": "promoted", "release.previous_champion": before or "none",
                                           "release.promoted_at": f"{time.time():.3f}"})
-        _describe(mv, results, decision, report, cfg)
+        _describe(mv, results, decision, report, loosened, evidence)
         failed = [k for k, (ok, _) in results.items() if not ok]
         echo(f"release version {mv.version}: {decision}" + (f" (failed: {', '.join(failed)})" if failed else
-                                                            " -> models:/rlhf-policy@champion"))
-    return {"run_id": run.info.run_id, "decision": decision, "guardrails": results, "certification_run": cert_run}
+                                                            " -> models:/rlhf-policy@champion")
+             + (f" under non-default thresholds: {', '.join(loosened)}" if loosened else ""))
+    return {"run_id": run.info.run_id, "decision": decision, "guardrails": results, "certification_run": cert_run,
+            "non_default": loosened}
 
 
-def _describe(mv, results: dict, decision: str, report: dict, cfg: G.GuardrailConfig) -> None:
-    """Where people look: the verdict on the version's description and on its training run's tags,
-    the guardrails on the registered model's description (words only: the decision is in the tags)."""
-    REG.describe(mv.version, verdict_markdown(mv.version, results, decision, report))
-    REG.describe(None, guardrails_markdown(cfg.to_dict(), mv.version))
+def _champion_report(champion, candidate: dict, trust_remote: bool) -> dict:
+    """The champion's certification to compare the candidate with: the one it was promoted on, or, when
+    that was made on another expert set, its latest certification (checked and recomputed like the
+    candidate's) if that one was made on the candidate's expert set. When neither was, the promoted
+    one, which the guardrail then says it cannot compare."""
+    promoted = REG.champion_certification(champion)
+    wanted = G.expert_set_sha256(candidate)
+    latest = champion.tags.get("certification.run_id")
+    if G.expert_set_sha256(promoted) == wanted or not latest or \
+            latest == champion.tags.get("release.certification_run_id"):
+        return promoted
+    run_id, report = REG.certification_for(champion, latest)
+    if G.expert_set_sha256(report) != wanted:
+        return promoted
+    recompute_certification(report, champion, run_id, trust_remote)
+    return report
+
+
+def _describe(mv, results: dict, decision: str, report: dict, loosened: list[str], evidence: str) -> None:
+    """Where people look: the verdict on the version's description (with any non-default threshold and
+    evidence not recomputed) and on its training run's tags; the registered model's description is
+    the gate's account, the same whichever release wrote it."""
+    REG.describe(mv.version, verdict_markdown(mv.version, results, decision, report, loosened, evidence))
+    REG.describe(None, gate_markdown())
     if mv.run_id:
         T.tag_run(mv.run_id, {"rlhf.release_decision": decision, "rlhf.model_version": str(mv.version)})
 
 
 COMPARED = ("certifiable", "estimate", "lo", "hi", "gain", "gain_lo", "gain_hi", "ess", "kl")
 TOLERANCE = 1e-3  # float summation order differs between thread counts; a doctored number is far off
+INPUTS = ("reference", "gold", "rm_dir", "pilot_prompts", "correction", "policy_labels")
+TRUST_FLAG = "--trust-remote-evidence"
 
 
-def recompute_certification(report: dict, version, run_id: str) -> str:
+def recompute_certification(report: dict, version, run_id: str, trust_remote: bool = False) -> str:
     """Recompute the certification from the inputs it names and compare it with the report; raise
-    InputError on a mismatch. Returns "recomputed", or why it could not be (its inputs are not on this
-    machine, or differ from those it hashed), which release then records beside its decision."""
+    InputError on any difference. Before that, the report must name the inputs and thresholds the
+    certify run's own (immutable) parameters name, and each input must be on this machine with the
+    content it was certified with (files of the version's world as that world's manifest lists them).
+    Inputs not on this machine are refused unless `trust_remote` (the flag TRUST_FLAG): then the
+    certification is released on its provenance alone, and the returned words (recorded on the
+    version) say so. Returns "recomputed" or those words."""
+    refuse = f"certification run {run_id} refused for version {version.version}: "
     inputs, hashes = report.get("inputs", {}), report.get("input_sha256", {})
-    absent = [k for k, path in inputs.items() if path and k != "policy"
-              and (not os.path.exists(path) or hashes.get(k) != content_sha256(path))]
-    if absent or not inputs.get("reference") or not inputs.get("gold"):
-        return "checked (provenance only: not recomputed, inputs not on this machine as certified: " + \
-            ", ".join(absent or ["reference/gold"]) + ")"
+    problem = _disagrees_with_params(report, T.get_run(run_id).data.params)
+    if problem:
+        raise InputError(refuse + problem)
+    if not inputs.get("reference") or not inputs.get("gold"):
+        raise InputError(refuse + "its report names no reference or expert set to recompute it from")
+    absent = [k for k in INPUTS if inputs.get(k) and not os.path.exists(inputs[k])]
+    changed = [f"{k} {inputs[k]}" for k in INPUTS if inputs.get(k) and k not in absent
+               and hashes.get(k) != content_sha256(inputs[k])]
+    if changed:
+        raise InputError(refuse + f"its input {changed[0]} changed after it was certified (sha256 differs): certify "
+                         "the version again on the inputs as they are")
+    world_hash = version.tags.get("world_hash")
+    for k in WORLD_INPUTS:
+        if world_hash and inputs.get(k) and k not in absent:
+            wrong = world_file_problem(inputs[k], world_hash)
+            if wrong:
+                raise InputError(refuse + f"its {k} is not the version's world's: {wrong}")
+    if absent:
+        where = ", ".join(f"{k} {inputs[k]}" for k in absent)
+        if not trust_remote:
+            raise InputError(refuse + f"its inputs are not on this machine ({where}): release where they are, or "
+                             f"pass {TRUST_FLAG} to release on its provenance alone (recorded on the version)")
+        return f"provenance only ({TRUST_FLAG}): not recomputed, inputs not on this machine: {where}"
+    _compare(report, _recomputed(report, version), version, run_id)
+    return "recomputed"
+
+
+def _disagrees_with_params(report: dict, params: dict) -> str | None:
+    """Where a report's inputs, their hashes or its thresholds differ from what its certify run logged as
+    parameters (a run's parameters cannot be changed once logged; an artifact can be replaced)."""
+    def logged(key):  # under `mlflow run` the launcher logs the raw value and certify the resolved one
+        return params.get(f"resolved.{key}", params.get(key))
+    inputs, hashes, config = report.get("inputs", {}), report.get("input_sha256", {}), report.get("config", {})
+    for k in INPUTS:
+        said, ran = inputs.get(k), logged(k)
+        if (said or None) != (ran or None):
+            return f"its report names {k} {said}, its certify run's parameters {k} {ran}"
+        if logged(f"{k}_sha256") is not None and hashes.get(k) != logged(f"{k}_sha256"):
+            return f"its report's {k} sha256 is not the one its certify run logged"
+    for k, v in config.items():
+        ran = logged(f"certify.{k}")
+        if ran is not None and _number(ran) != _number(v):
+            return f"its report says it was certified with {k} {v}, its certify run's parameters {k} {ran}"
+    return None
+
+
+def _number(v):
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return v
+
+
+def _recomputed(report: dict, version) -> dict:
+    inputs = report["inputs"]
     policy_dir, _ = REG.download_policy(version.version)
-    fresh = C.certify(policy_dir, inputs["reference"], inputs["gold"], rm_dir=inputs.get("rm_dir"),
-                      correction=inputs.get("correction"), pilot_prompts=inputs.get("pilot_prompts"),
-                      cfg=_certify_config(report), shortcuts=report.get("shortcut_rules") or [],
-                      policy_labels=inputs.get("policy_labels"))
+    return C.certify(policy_dir, inputs["reference"], inputs["gold"], rm_dir=inputs.get("rm_dir"),
+                     correction=inputs.get("correction"), pilot_prompts=inputs.get("pilot_prompts"),
+                     cfg=_certify_config(report), shortcuts=report.get("shortcut_rules") or [],
+                     policy_labels=inputs.get("policy_labels"))
+
+
+def _compare(report: dict, fresh: dict, version, run_id: str) -> None:
     claimed, got = _comparable(report), _comparable(fresh)
     for key in sorted(claimed.keys() | got.keys()):
         a, b = claimed.get(key), got.get(key)
@@ -117,7 +203,6 @@ def recompute_certification(report: dict, version, run_id: str) -> str:
                                  "version again")
             raise InputError(f"certification run {run_id} refused for version {version.version}: recomputed from "
                              f"its inputs, {key} is {b}, the report says {a}")
-    return "recomputed"
 
 
 def _comparable(report: dict) -> dict:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pandas as pd
 
+from rlhf_mlflow.decisions.guardrails import GuardrailConfig
+
 
 def _n(x, fmt=".3f") -> str:
     return "—" if x is None else format(x, fmt)
@@ -41,16 +43,23 @@ def release_markdown(version: str, results: dict, decision: str, champion: str |
             f"Champion before: {champion or 'none'}\n\n| guardrail | result | reason |\n|---|---|---|\n{rows}\n")
 
 
-def verdict_markdown(version, results: dict, decision: str, report: dict) -> str:
+def verdict_markdown(version, results: dict, decision: str, report: dict, loosened: list[str] = (),
+                     evidence: str = "recomputed") -> str:
     """The release verdict a model version's description holds: the decision, the certified balanced
-    quality with its interval, and each failing guardrail on a line of its own."""
+    quality with its interval, any threshold that was not the default and evidence release did not
+    recompute, then each failing guardrail on a line of its own."""
     b = report["balanced"]
     certified = (f"certified balanced {b['estimate']:.3f} [{b['lo']:.3f}, {b['hi']:.3f}], gain {b['gain']:+.3f} "
                  f"over the reference" if b.get("certifiable") else "balanced quality not certifiable")
     failing = [(k, why) for k, (ok, why) in results.items() if not ok]
     head = f"{decision.upper()} (version {version}): {certified}."  # plain: the registry's list shows it raw
+    if loosened:
+        head += f" NON-DEFAULT THRESHOLDS: {', '.join(loosened)}."
+    if evidence != "recomputed":
+        head += f" Evidence {evidence}."
     if not failing:
-        return head + f" Every guardrail passed ({', '.join(results)})."
+        return head + (f" Every guardrail passed ({', '.join(results)})" + (" under those thresholds." if loosened
+                                                                               else "."))
     return head + "\n\nFailed:\n" + "\n".join(f"- **{k}**: {_short(why)}" for k, why in failing)
 
 
@@ -58,20 +67,26 @@ def _short(text: str, limit: int = 160) -> str:
     return text if len(text) <= limit else text[:limit - 1].rstrip() + "…"
 
 
-def guardrails_markdown(cfg: dict, version) -> str:
-    """The registered model's description: what `@champion` means and the guardrails behind it, with
-    the thresholds of the latest release (`version`'s; a release may override them)."""
+def gate_markdown() -> str:
+    """The registered model's description: what `@champion` means and the gate behind it, with the
+    default thresholds (a release under other thresholds says so on its version: description and
+    `release.non_default` tag)."""
+    cfg = GuardrailConfig()
     return ("Policies trained by rlhf_mlflow. `@champion` is moved only by `rlhf-mlflow release`, when every "
-            "guardrail passes on a certification the release checked itself (each version's description holds "
-            f"its verdict). The guardrails, with the thresholds the latest release (version {version}) used:\n\n"
-            f"- **certifiable**: every family certified from the expert set (ESS >= {cfg['min_ess']:g}) or from "
-            "expert labels on the policy's own answers\n"
-            f"- **balanced_gain**: certified balanced quality beats the reference by >= {cfg['min_balanced_gain']:g}"
-            + (", its interval above zero" if cfg["require_significant_gain"] else "") + "\n"
-            f"- **family_change**: no family's certified change below {cfg['min_family_change']:g}\n"
-            f"- **family_kl**: KL to the reference <= {cfg['max_family_kl']:g} nats in every family\n"
-            f"- **marker_collapse**: a flagged shortcut's count rises by <= {cfg['max_marker_increase']:g} per answer\n"
-            f"- **beats_champion**: certified balanced above the champion's (margin {cfg['champion_margin']:g})\n")
+            "guardrail passes on a certification the release checked and recomputed itself from its inputs "
+            "(evidence whose inputs are missing, changed or not the certify run's own is refused). Each version's "
+            "description holds its verdict, and names any threshold that was not the default "
+            "(tag `release.non_default`). The guardrails, at their default thresholds:\n\n"
+            f"- **certifiable**: every family certified from the expert set (ESS >= {cfg.min_ess:g}, k-hat <= "
+            f"{cfg.max_khat:g}) or from >= {cfg.min_labels} expert labels on the policy's own answers, at certify's "
+            "default interval level and widenings\n"
+            f"- **balanced_gain**: certified balanced quality beats the reference by >= {cfg.min_balanced_gain:g}"
+            + (", its interval above zero" if cfg.require_significant_gain else "") + "\n"
+            f"- **family_change**: no family's certified change below {cfg.min_family_change:g}\n"
+            f"- **family_kl**: KL to the reference <= {cfg.max_family_kl:g} nats in every family\n"
+            f"- **marker_collapse**: a flagged shortcut's count rises by <= {cfg.max_marker_increase:g} per answer\n"
+            f"- **beats_champion**: certified balanced above the champion's (margin {cfg.champion_margin:g}), both "
+            "certified on the same expert set\n")
 
 
 def story_markdown(table) -> str:
