@@ -1,0 +1,193 @@
+"""The release gate's trust model (README, Guarantees): release promotes only on evidence it checked
+itself. A report that names other inputs or thresholds than its certify run logged, inputs missing from
+this machine (unless --trust-remote-evidence, written on the version), inputs changed since, a world
+whose files are not its manifest's, a certification looser than release's thresholds, and a champion
+certified on another expert set are each refused; the registry is compared before and after."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import mlflow
+import pytest
+from click.testing import CliRunner
+from test_certify import sharpened
+
+from rlhf_mlflow.cli import cli
+from rlhf_mlflow.steps.reports import gate_markdown
+from rlhf_mlflow.tracking import runs as T
+from rlhf_mlflow.tracking.policy_model import REGISTERED_MODEL, log_policy
+
+LENIENT = ("--guardrail", "min_balanced_gain=-1", "--guardrail", "require_significant_gain=false",
+           "--guardrail", "min_family_change=-1")
+
+
+def _run(*args):
+    return CliRunner().invoke(cli, [str(a) for a in args])
+
+
+def _client():
+    return mlflow.MlflowClient()
+
+
+def _register(policy_dir: str, world: str | None = None) -> str:
+    """A version of `policy_dir`; with `world`, tagged as trained on it (its manifest's hash)."""
+    tags = {"recipe": os.path.basename(policy_dir)}
+    if world:
+        with open(os.path.join(world, "manifest.json")) as f:
+            tags["world_hash"] = json.load(f)["world_hash"]
+    with T.tracked_run("train_rl", {"policy": policy_dir}):
+        _, version = log_policy(policy_dir, tags=tags)
+    return version.version
+
+
+def _registry() -> dict:
+    """Everything a release could change: each version's tags and description, the aliases, the
+    registered model's description."""
+    model = _client().get_registered_model(REGISTERED_MODEL)
+    versions = _client().search_model_versions(f"name = '{REGISTERED_MODEL}'")
+    return {"aliases": dict(model.aliases), "description": model.description,
+            "versions": {v.version: (dict(v.tags), v.description) for v in versions}}
+
+
+def _certify(version: str, *args) -> str:
+    res = _run("certify", "--model-version", version, *args)
+    assert res.exit_code == 0, res.output
+    return _client().get_model_version(REGISTERED_MODEL, version).tags["certification.run_id"]
+
+
+def _copy_world(world: str, dst) -> str:
+    path = str(dst / "world")
+    shutil.copytree(world, path)
+    return path
+
+
+def _refused(res, *phrases) -> None:
+    assert res.exit_code == 1 and "Traceback" not in res.output, res.output
+    for p in phrases:
+        assert p in res.output, res.output
+
+
+def test_a_report_edited_in_the_store_to_name_absent_inputs_is_refused(tiny_world, tmp_path):
+    """The issue's forgery: certification.json edited in the artifact store (gains 0.4, every input
+    path /nonexistent/...), certification.sha256 updated. The certify run's immutable params name the
+    real inputs, so release refuses instead of calling it "provenance only"."""
+    v = _register(os.path.join(tiny_world, "policy"))
+    run_id = _certify(v, "--world", tiny_world)
+    artifact = os.path.join(mlflow.get_run(run_id).info.artifact_uri.removeprefix("file://"), "certification.json")
+    with open(artifact) as f:
+        report = json.load(f)
+    for row in [*report["families"].values(), report["balanced"]]:
+        row.update(gain=0.4, gain_lo=0.35, gain_hi=0.45)
+    report["inputs"] = {k: (f"/nonexistent/{k}" if p and k != "policy" else p) for k, p in report["inputs"].items()}
+    raw = json.dumps(report, indent=1).encode()
+    with open(artifact, "wb") as f:
+        f.write(raw)
+    import hashlib
+    _client().set_model_version_tag(REGISTERED_MODEL, v, "certification.sha256", hashlib.sha256(raw).hexdigest())
+    before = _registry()
+    _refused(_run("release", "--model-version", v), "its report names", "its certify run's parameters")
+    _refused(_run("release", "--model-version", v, "--trust-remote-evidence", *LENIENT), "its report names")
+    assert _registry() == before
+
+
+def test_inputs_missing_here_are_refused_unless_trusted_and_then_recorded(tiny_world, tmp_path):
+    world = _copy_world(tiny_world, tmp_path)
+    v = _register(os.path.join(world, "policy"), world)
+    _certify(v, "--world", world)
+    os.rename(os.path.join(world, "data", "gold_calib.jsonl"), str(tmp_path / "gold_elsewhere.jsonl"))
+    before = _registry()
+    _refused(_run("release", "--model-version", v, *LENIENT), "its inputs are not on this machine (gold ",
+             "--trust-remote-evidence")
+    assert _registry() == before
+    res = _run("release", "--model-version", v, "--trust-remote-evidence", *LENIENT)
+    assert res.exit_code == 0 and '"decision": "promoted"' in res.output, res.output
+    mv = _client().get_model_version(REGISTERED_MODEL, v)
+    assert mv.tags["release.evidence"].startswith("provenance only (--trust-remote-evidence): not recomputed")
+    assert "Evidence provenance only (--trust-remote-evidence)" in mv.description.splitlines()[0]
+
+
+def test_an_expert_set_changed_after_certification_is_refused(tiny_world, tmp_path):
+    world = _copy_world(tiny_world, tmp_path)
+    v = _register(os.path.join(world, "policy"), world)
+    _certify(v, "--world", world)
+    with open(os.path.join(world, "data", "gold_calib.jsonl"), "a") as f:
+        f.write("\n")
+    before = _registry()
+    for trust in ((), ("--trust-remote-evidence",)):  # the flag is for absent inputs, never changed ones
+        _refused(_run("release", "--model-version", v, *trust, *LENIENT), "its input gold ",
+                 "changed after it was certified")
+    assert _registry() == before
+
+
+def test_a_world_is_its_manifest(tiny_world, tmp_path):
+    """A copy of the world with every expert label +0.4, another world's files, or files outside any
+    world: certify refuses a version trained on the world before any run starts."""
+    v = _register(os.path.join(tiny_world, "policy"), tiny_world)
+    doctored = _copy_world(tiny_world, tmp_path)
+    gold = os.path.join(doctored, "data", "gold_calib.jsonl")
+    with open(gold) as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    with open(gold, "w") as f:
+        f.writelines(json.dumps({**r, "label": r["label"] + 0.4}) + "\n" for r in rows)
+    other = str(tmp_path / "other")
+    shutil.copytree(tiny_world, other)
+    with open(os.path.join(other, "manifest.json")) as f:
+        manifest = json.load(f)
+    with open(os.path.join(other, "manifest.json"), "w") as f:
+        json.dump({**manifest, "world_hash": "0" * 16}, f)
+    loose = str(tmp_path / "gold.jsonl")
+    shutil.copy(os.path.join(tiny_world, "data", "gold_calib.jsonl"), loose)
+    runs_before, before = len(mlflow.search_runs(search_all_experiments=True)), _registry()
+    _refused(_run("certify", "--model-version", v, "--world", doctored), "--gold: version",
+             "is not the file world", "was built with")
+    _refused(_run("certify", "--model-version", v, "--world", tiny_world, "--gold", os.path.join(other, "data",
+                                                                                                 "gold_calib.jsonl")),
+             "is a file of world 0000000000000000, not of world")
+    _refused(_run("certify", "--model-version", v, "--world", tiny_world, "--rm-dir",
+                  os.path.join(doctored, "reward_model"), "--gold", loose), "not in a world built here")
+    assert len(mlflow.search_runs(search_all_experiments=True)) == runs_before and _registry() == before
+
+
+def test_a_looser_certification_and_a_loosened_release_are_written_on_the_version(tiny_world):
+    """`certify --max-khat 5` then a default release: refused (certifiable names the threshold);
+    released with --guardrail max_khat=5 it passes, and the version says so in its first line and
+    its release.non_default tag; the registered model's description stays the gate's account."""
+    v = _register(os.path.join(tiny_world, "policy"))
+    _certify(v, "--world", tiny_world, "--max-khat", 5)
+    res = _run("release", "--model-version", v, *LENIENT)
+    assert res.exit_code == 0 and '"decision": "refused"' in res.output, res.output
+    mv = _client().get_model_version(REGISTERED_MODEL, v)
+    assert mv.tags["guardrail.certifiable"].startswith("fail: certified with max_khat 5, above the 0.7 required")
+    assert _client().get_registered_model(REGISTERED_MODEL).description == gate_markdown()
+    res = _run("release", "--model-version", v, *LENIENT, "--guardrail", "max_khat=5")
+    assert res.exit_code == 0 and '"decision": "promoted"' in res.output, res.output
+    assert "under non-default thresholds" in res.output
+    mv = _client().get_model_version(REGISTERED_MODEL, v)
+    loosened = "min_balanced_gain=-1, require_significant_gain=false, min_family_change=-1, max_khat=5, " \
+               "certify.max_khat=5"
+    assert mv.tags["release.non_default"] == loosened
+    assert f"NON-DEFAULT THRESHOLDS: {loosened}." in mv.description.splitlines()[0]
+    assert _client().get_registered_model(REGISTERED_MODEL).description == gate_markdown()
+
+
+@pytest.mark.slow
+def test_the_champion_is_compared_only_on_the_same_expert_set(tiny_world, tmp_path):
+    """Versions of a fixture built elsewhere (no world hash): the candidate certified on an expert set
+    with every label +0.4 cannot be compared with a champion certified on the real one."""
+    champion = _register(os.path.join(tiny_world, "policy"))
+    _certify(champion, "--world", tiny_world)
+    assert '"decision": "promoted"' in _run("release", "--model-version", champion, *LENIENT).output
+    gold = str(tmp_path / "inflated.jsonl")
+    with open(os.path.join(tiny_world, "data", "gold_calib.jsonl")) as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    with open(gold, "w") as f:
+        f.writelines(json.dumps({**r, "label": r["label"] + 0.4}) + "\n" for r in rows)
+    candidate = _register(sharpened(tiny_world, str(tmp_path / "candidate"), 1.1))
+    _certify(candidate, "--world", tiny_world, "--gold", gold)
+    res = _run("release", "--model-version", candidate, *LENIENT)
+    assert res.exit_code == 0 and '"decision": "refused"' in res.output, res.output
+    why = _client().get_model_version(REGISTERED_MODEL, candidate).tags["guardrail.beats_champion"]
+    assert why.startswith("fail: cannot compare with the champion") and "same expert set" in why
+    assert _client().get_model_version_by_alias(REGISTERED_MODEL, "champion").version == champion
