@@ -190,4 +190,9 @@ def test_the_champion_is_compared_only_on_the_same_expert_set(tiny_world, tmp_pa
     assert res.exit_code == 0 and '"decision": "refused"' in res.output, res.output
     why = _client().get_model_version(REGISTERED_MODEL, candidate).tags["guardrail.beats_champion"]
     assert why.startswith("fail: cannot compare with the champion") and "same expert set" in why
+    # the champion certified (and so recomputed) on the candidate's expert set: now they compare
+    _certify(champion, "--world", tiny_world, "--gold", gold)
+    _run("release", "--model-version", candidate, *LENIENT)
+    why = _client().get_model_version(REGISTERED_MODEL, candidate).tags["guardrail.beats_champion"]
+    assert why.split(": ", 1)[1].startswith("certified balanced"), why
     assert _client().get_model_version_by_alias(REGISTERED_MODEL, "champion").version == champion
