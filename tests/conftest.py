@@ -8,6 +8,7 @@ import tempfile
 import pytest
 import torch
 
+from rlhf_mlflow.core.process import QUIET_ENV
 from rlhf_mlflow.world.build import build_world
 
 torch.set_num_threads(int(os.environ.get("RLHF_THREADS", "2")))
@@ -33,6 +34,7 @@ def tracking_uri(tmp_path, monkeypatch) -> str:
     import mlflow
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.setenv(QUIET_ENV, "")  # `rlhf-mlflow -q` in one CliRunner test sets it for the process: undone here
     monkeypatch.chdir(tmp_path)  # MLflow's default artifact root ./mlruns lands in tmp_path too
     mlflow.set_tracking_uri(uri)
     yield uri

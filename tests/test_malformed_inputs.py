@@ -73,7 +73,12 @@ def _diagnostic_token(world, tmp):
 def _correct_token(world, tmp):
     path = _diagnostic(tmp, UNKNOWN_TOKEN)
     return (["correct", "--diagnostic", path, "--qa", f"{world}/reward_model/train.jsonl", "--out", str(tmp / "w.py")],
-            ["families.dune.evidence[1]: unknown token 'xyz'; valid tokens are ['ba', "])
+            [f"{path}: families.dune.evidence[1]: unknown token 'xyz'; valid tokens are ['ba', "])
+
+
+def _deep_family_weights(world, tmp):
+    return (["train-rl", "--world", world, "--family-weights", "[" * 100_000 + "]" * 100_000],
+            ["--family-weights: JSON nested more than 64 levels deep"])
 
 
 def _bad_config(world, tmp, which: str, **changes) -> str:
@@ -114,7 +119,8 @@ CASES = {"labels with a list id": (_list_id, "certify"),
          "correct --diagnostic with an unknown token": (_correct_token, "correction"),
          "a policy config with d_model 4e6": (_huge_policy, "dev_eval"),
          "a reward-model config of 13B parameters": (_huge_reward_model, "dev_eval"),
-         "a JSON recipe with a non-UTF-8 byte": (_bad_byte_json, "train_rl")}
+         "a JSON recipe with a non-UTF-8 byte": (_bad_byte_json, "train_rl"),
+         "--family-weights nested 100000 deep": (_deep_family_weights, "train_rl")}
 
 
 @pytest.mark.parametrize("case", list(CASES))

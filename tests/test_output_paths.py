@@ -39,7 +39,7 @@ def _fails(res, *needles: str) -> str:
 
 def _ok(res) -> dict:
     assert res.exit_code == 0, res.output
-    return json.loads(res.output[res.output.index("{"):])
+    return json.JSONDecoder().raw_decode(res.output[res.output.index("{"):])[0]  # MLflow's own lines may follow
 
 
 def _tree(root) -> dict[str, str]:

@@ -11,7 +11,7 @@ import click
 from click.core import ParameterSource
 
 from rlhf_mlflow.core.config import field_docs
-from rlhf_mlflow.core.errors import InputError
+from rlhf_mlflow.core.errors import InputError, parse_json
 from rlhf_mlflow.core.world_paths import WorldPaths
 from rlhf_mlflow.training.rl_config import (
     PATH_KEYS,
@@ -68,10 +68,7 @@ def explicit_options(ctx: click.Context, options: dict, world: WorldPaths | None
         if name in ("family_weights", "reward_wrapper", "policy_init", "watch_gold", "watch_correction") and value == "":
             value = None
         elif name == "family_weights":
-            try:
-                value = json.loads(value)
-            except json.JSONDecodeError as e:
-                raise InputError(f"--family-weights: not valid JSON ({e.msg}): {value!r}") from None
+            value = parse_json(value, "--family-weights")
         elif name in PATH_KEYS and world and not os.path.isabs(value):
             value = os.path.join(world.root, value)
         out[name] = value

@@ -3,7 +3,7 @@ the diagnostic's flagged shortcuts (the QA labels' slope reported beside it), as
 from __future__ import annotations
 
 from rlhf_mlflow.core import records as D
-from rlhf_mlflow.core.errors import read_json
+from rlhf_mlflow.core.shortcut_rules import read_diagnostic
 from rlhf_mlflow.decisions.correction import fit_corrections, write_wrapper
 from rlhf_mlflow.steps.outputs import check_out
 from rlhf_mlflow.tracking import runs as T
@@ -13,7 +13,7 @@ def run_correction(diagnostic: str | dict, qa: str, out: str) -> list[dict]:
     """Corrections for the flagged shortcuts (what the model pays; the QA sample's label slopes beside
     them); write and log the reward wrapper."""
     check_out(out, {"--diagnostic": diagnostic if isinstance(diagnostic, str) else None, "--qa": qa})
-    result = read_json(diagnostic) if isinstance(diagnostic, str) else diagnostic
+    result = read_diagnostic(diagnostic) if isinstance(diagnostic, str) else diagnostic  # before the run
     qa_records = D.read_jsonl(qa, labelled=True)
     params = {"diagnostic": diagnostic if isinstance(diagnostic, str) else "(in memory)", "qa": qa}
     with T.tracked_run("correction", params, run_name="correction"):

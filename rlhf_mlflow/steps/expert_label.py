@@ -19,9 +19,9 @@ def run_expert_label(world: WorldPaths, requests: str, out: str, echo: Callable[
     """Label every request; write the labelled records to `out`; returns them."""
     check_out(out, {"--requests": requests, "--world": world.root})
     records = D.read_jsonl(requests)
-    missing = [r["id"] for r in records if "response" not in r]
+    missing = [i for i, r in enumerate(records, 1) if "response" not in r or "id" not in r]
     if missing:
-        raise InputError(f"{requests}: request {missing[0]!r} has no 'response' to label")
+        raise InputError(f"{requests}:{missing[0]}: a label request needs an 'id' and a 'response' to label")
     with T.tracked_run("expert_label", {"world": world.root, "requests": requests}, run_name="expert-label"):
         labels = label_requests(world, records)
         raw = "".join(json.dumps(r) + "\n" for r in labels).encode()

@@ -13,12 +13,11 @@ Tags on a version of `rlhf-policy`:
 from __future__ import annotations
 
 import hashlib
-import json
 import tempfile
 
 import mlflow
 
-from rlhf_mlflow.core.errors import InputError
+from rlhf_mlflow.core.errors import InputError, parse_json
 from rlhf_mlflow.tracking import metric_names as MN
 from rlhf_mlflow.tracking.policy_model import REGISTERED_MODEL
 
@@ -74,9 +73,9 @@ def load_certification(run_id: str) -> tuple[dict, str]:
     except (mlflow.exceptions.MlflowException, OSError) as e:
         raise InputError(f"run {run_id}: no {CERT_ARTIFACT} artifact ({str(e).splitlines()[0]})") from None
     try:
-        return json.loads(raw), hashlib.sha256(raw).hexdigest()
-    except ValueError:
-        raise InputError(f"run {run_id}: {CERT_ARTIFACT} is not valid JSON") from None
+        return parse_json(raw.decode("utf-8"), f"run {run_id}'s {CERT_ARTIFACT}"), hashlib.sha256(raw).hexdigest()
+    except UnicodeDecodeError:
+        raise InputError(f"run {run_id}: {CERT_ARTIFACT} is not UTF-8 text") from None
 
 
 def certification_for(version, run_id: str | None = None, name: str = REGISTERED_MODEL) -> tuple[str, dict]:
@@ -165,8 +164,13 @@ def label_requests_for(version, name: str = REGISTERED_MODEL) -> list[dict]:
         raw = open(path, "rb").read()
     if hashlib.sha256(raw).hexdigest() != version.tags.get("label_requests.sha256"):
         raise InputError(f"the label requests of run {run_id} were changed after they were logged")
-    return [check_record(json.loads(line), f"label requests of run {run_id}:{i}", None)
-            for i, line in enumerate(raw.decode().splitlines(), 1) if line.strip()]
+    where = f"label requests of run {run_id}"
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise InputError(f"{where}: not UTF-8 text") from None
+    return [check_record(parse_json(line, where, i), f"{where}:{i}", None)
+            for i, line in enumerate(text.splitlines(), 1) if line.strip()]
 
 
 def balanced_tag(report: dict) -> str:
