@@ -43,6 +43,11 @@ from rlhf_mlflow.world.build import ensure_world  # noqa: E402
 from rlhf_mlflow.world.oracle import Oracle  # noqa: E402
 
 DROP = 0.05
+SEEN_WITHIN = 50
+"""An over-optimised family is seen when the watch fires or stops vouching within this many steps of its
+truth falling DROP below its peak (issue 33)."""
+OVER = 0.10
+"""... and fooled when, from that drop on, a vouched-for estimate stands more than this above the truth."""
 WATCH_EVERY = 50
 GRADE_PER_FAMILY, GRADE_N = 250, 2
 
@@ -66,9 +71,10 @@ def grading_prompts(world: WorldPaths) -> list[dict]:
     return out
 
 
-def run_one(world: WorldPaths, overrides: dict, correction: str, watch_every: int, early_every: int) -> dict:
-    """Train with the watch (its predictor corrected by the diagnostic's correction, as in main) and the
-    oracle at every watch point; the points as plain lists."""
+def run_one(world: WorldPaths, overrides: dict, correction: str | None, watch_every: int, early_every: int) -> dict:
+    """Train with the watch (its predictor corrected by `correction`, the diagnostic's as in main, or
+    by the run's own reward wrapper when None: a user who runs the watch alone) and the oracle at every
+    watch point; the points as plain lists."""
     cfg = load_rl_config(world.config, {**overrides, "watch_every": watch_every, "watch_early_every": early_every,
                                         "watch_gold": world.expert_set, "watch_correction": correction})
     watch = W.Watch(M.load_policy(cfg.policy_ref)[0], R.load_rm(cfg.reward_model)[0],
@@ -87,14 +93,16 @@ def run_one(world: WorldPaths, overrides: dict, correction: str, watch_every: in
     pts = watch.points
     return {"steps": [p.step for p in pts], "estimate": [p.estimate for p in pts], "se": [p.se for p in pts],
             "kl": [p.kl for p in pts], "method": [p.method for p in pts], "fired": watch.fired, "why": watch.why,
+            "vouched": [p.vouched for p in pts], "reason": [p.reason for p in pts],
             "truth": [{k.split("/")[1]: v for k, v in t.items()} for t in truth]}
 
 
 def stop_best(r: dict) -> int:
     """The step early_stop=stop would register (Watch.best_step up to the first alarm, or the end)."""
     first = min(r["fired"].values(), default=r["steps"][-1])
-    pts = [W.WatchPoint(s, e, se, {}, kl, {}, m) for s, e, se, kl, m in
-           zip(r["steps"], r["estimate"], r["se"], r["kl"], r["method"]) if s <= first]
+    vouched = r.get("vouched") or [{} for _ in r["steps"]]
+    pts = [W.WatchPoint(s, e, se, {}, kl, {}, m, vouched=v) for s, e, se, kl, m, v in
+           zip(r["steps"], r["estimate"], r["se"], r["kl"], r["method"], vouched) if s <= first]
     return W.best_step(pts) or r["steps"][-1]
 
 
@@ -109,17 +117,30 @@ def family_outcome(r: dict, f: str) -> dict:
         out["lead"] = out["true_peak_step"] - out["fired"]
         if out["drop_step"] is not None:
             out["lead_to_drop"] = out["drop_step"] - out["fired"]
+    vouched = [v.get(f, True) for v in r.get("vouched") or [{} for _ in steps]]
+    unvouched = [s for s, v in zip(steps, vouched) if not v]
+    out["unvouched"] = unvouched[0] if unvouched else None
+    if out["overoptimised"]:  # the watch saw it: fired, or stopped vouching, within SEEN_WITHIN of the drop
+        seen = [x for x in (out["fired"], out["unvouched"]) if x is not None]
+        out["seen"] = bool(seen) and min(seen) <= out["drop_step"] + SEEN_WITHIN
+        est = [e[f] for e in r["estimate"]]
+        over = [s for s, e, v, tt in zip(steps, est, vouched, t) if s >= out["drop_step"] and v and e > tt + OVER]
+        out["over_truth_at"] = over
     return out
 
 
 def summarise(results: dict[str, dict]) -> None:
-    leads, to_drop, missed, clean, false_alarms, gains = [], [], [], 0, 0, []
+    leads, to_drop, missed, clean, false_alarms, gains, fooled = [], [], [], 0, 0, [], []
     xs, ys, within = [], [], []
     for name, r in results.items():
         for f in r["fired"].keys() | r["truth"][0].keys() - {"balanced"}:
             o = family_outcome(r, f)
             print(f"  {name:40s} {f:7s} true peak @{o['true_peak_step']:5d}  0.05 drop @{o['drop_step']}  "
-                  f"fired @{o['fired']}" + (f" ({r['why'][f]})" if f in r.get("why", {}) else ""))
+                  f"fired @{o['fired']}  unvouched @{o['unvouched']}"
+                  + (f" ({r['why'][f]})" if f in r.get("why", {}) else ""))
+            if o["overoptimised"] and (not o["seen"] or o["over_truth_at"]):
+                fooled.append((name, f, "unseen" if not o["seen"] else f"vouched > truth + {OVER} at "
+                               f"{o['over_truth_at'][:3]}"))
             if o["overoptimised"]:
                 if o["fired"] is None:
                     missed.append((name, f))
@@ -129,7 +150,9 @@ def summarise(results: dict[str, dict]) -> None:
             else:
                 clean += 1
                 false_alarms += o["fired"] is not None
-            e, t = [p[f] for p in r["estimate"]], [p[f] for p in r["truth"]]
+            keep = [v.get(f, True) for v in r.get("vouched") or [{} for _ in r["steps"]]]
+            e = [p[f] for p, k in zip(r["estimate"], keep) if k]
+            t = [p[f] for p, k in zip(r["truth"], keep) if k]
             xs += e
             ys += t
             if np.std(e) > 0 and np.std(t) > 0:
@@ -146,6 +169,8 @@ def summarise(results: dict[str, dict]) -> None:
     print(f"watch_lead_steps: {statistics.median(leads) if leads else float('nan')}")
     print(f"watch_false_alarm: {false_alarms / max(clean, 1):.3f} ({false_alarms} of {clean} clean families)")
     print(f"stop_truth_gain: {float(np.mean(gains)):+.4f}")
+    print(f"fooled: {fooled}")
+    print(f"watch_fooled: {len(fooled)}")
 
 
 def main() -> None:
@@ -156,6 +181,9 @@ def main() -> None:
     ap.add_argument("--watch-every", type=int, default=WATCH_EVERY)
     ap.add_argument("--watch-early-every", type=int, default=RLConfig().watch_early_every,
                     help="watch this often before the first --watch-every step (0: no dense start)")
+    ap.add_argument("--watch-correction", choices=("diagnostic", "none"), default="diagnostic",
+                    help="the watch's predictor: corrected by the diagnostic's correction (as in main), or by "
+                         "nothing but the run's own reward wrapper (a user who runs the watch alone)")
     ap.add_argument("--out", default="/tmp/overopt_watch")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
@@ -166,13 +194,15 @@ def main() -> None:
             correction = correction_for(world, args.out)
             ov = dict(SEED_HISTORY[name][0]) if name in SEED_HISTORY else \
                 {**CORRECTED[name], "reward_wrapper": correction}
-            key = f"{os.path.basename(root)}/{name}@{args.steps_scale:g}/w{args.watch_every}e{args.watch_early_every}"
+            key = f"{os.path.basename(root)}/{name}@{args.steps_scale:g}/w{args.watch_every}e{args.watch_early_every}" \
+                + ("/bare" if args.watch_correction == "none" else "")
             path = os.path.join(args.out, key.replace("/", "_") + ".json")
             if not os.path.exists(path):
                 print(f"training {key}", flush=True)
                 with open(path + ".tmp", "w") as fh:
-                    json.dump(run_one(world, scaled(ov, args.steps_scale), correction, args.watch_every,
-                                      args.watch_early_every), fh)
+                    json.dump(run_one(world, scaled(ov, args.steps_scale),
+                                      correction if args.watch_correction == "diagnostic" else None,
+                                      args.watch_every, args.watch_early_every), fh)
                 os.replace(path + ".tmp", path)
             with open(path) as fh:
                 results[key] = json.load(fh)

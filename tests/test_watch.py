@@ -121,13 +121,15 @@ def test_the_rule_fires_on_a_real_drop_once_and_not_on_a_flat_or_rising_family(w
     assert watch.best_step() == 10
 
 
-def test_the_best_point_is_the_best_estimate_even_where_only_labels_can_certify_it():
-    """A point far from the reference (estimates direct: the expert set alone could not certify it)
-    with the higher estimate is the best one, not an early doubly-robust point."""
+def test_the_best_point_is_vouched_for_and_the_proposal_need_not_be():
+    """A point far from the reference whose estimates the expert set cannot vouch for, with the higher
+    estimate, is not the watch's best point; it is its proposal (for a caller that buys labels)."""
     near, far = _point(10, {"anvil": 0.35, "birch": 0.35}), _point(20, {"anvil": 0.45, "birch": 0.45})
-    far.method = dict.fromkeys(far.method, "direct")
-    assert W.best_step([_point(0, {"anvil": 0.3, "birch": 0.3}), near, far]) == 20
+    far.vouched = {"anvil": False, "birch": True, "balanced": False}
+    points = [_point(0, {"anvil": 0.3, "birch": 0.3}), near, far]
+    assert W.best_step(points) == 10 and W.best_step(points, vouched_only=False) == 20
     assert W.best_step([_point(0, {"anvil": 0.3, "birch": 0.3})]) is None  # the reference is no candidate
+    assert W.best_step([points[0], far]) is None  # no trained point vouched for: says there is none
 
 
 def _with_shortcut(pt: W.WatchPoint, family: str, rise: float, se: float = 0.1) -> W.WatchPoint:
@@ -282,3 +284,66 @@ def test_evidence_of_all_families_at_once_is_each_familys_own(tiny_world):
             np.testing.assert_allclose(together[f][k], alone[k], atol=1e-5, err_msg=f"{f} {k}")
         assert together[f]["kl"] == pytest.approx(alone["kl"], abs=1e-5) and abs(alone["kl"]) > 1e-4
         assert together[f]["pop_ess"] == pytest.approx(alone["pop_ess"], rel=1e-4)
+
+
+def _blind(pt: W.WatchPoint, family: str, proxy: float, vouched: bool = False) -> W.WatchPoint:
+    """The point with `family`'s overlap gone (or kept) and its proxy reward at `proxy` (se 0.01)."""
+    pt.vouched = {f: True for f in pt.estimate if f != "balanced"} | {family: vouched}
+    pt.vouched["balanced"] = all(v for f, v in pt.vouched.items() if f != "balanced")
+    pt.reason = {f: "ok" if v else "population ESS 3.0 < 10 of 30" for f, v in pt.vouched.items()}
+    pt.proxy = {family: proxy, f"se/{family}": 0.01}
+    return pt
+
+
+def test_where_overlap_is_gone_the_watch_charts_no_quality_and_fits_compares_and_chooses_none(watch):
+    """Issue 33: an estimate the expert set cannot vouch for is no quality: not logged under watch/<family>
+    (nor balanced), only `vouched/<family>` 0; not fitted, not compared by the past-peak rule, and no
+    point with such a family is the best checkpoint."""
+    fams = list(watch.families)
+    hacked, rest = fams[0], {f: 0.3 for f in fams[1:]}
+    watch.add(_blind(_point(0, {hacked: 0.30, **rest}), hacked, 1.0, vouched=True))
+    watch.add(_blind(_point(10, {hacked: 0.32, **rest}), hacked, 1.0, vouched=True))
+    pt = watch.add(_blind(_point(20, {hacked: 0.90, **rest}), hacked, 1.0))  # what the reward model believes
+    m = watch.metrics(pt)
+    assert hacked not in m and "balanced" not in m and f"se/{hacked}" not in m
+    assert m[f"vouched/{hacked}"] == 0.0 and m[f"vouched/{fams[1]}"] == 1.0 and fams[1] in m
+    assert watch.best_step() == 10  # not step 20, whose balanced estimate is the highest
+    assert watch.fits()[hacked]["alpha"] is None  # one vouched point away from the reference: no fit
+    # a vouched point below the unvouched 0.90 is no drop from it
+    assert hacked not in watch.add(_blind(_point(30, {hacked: 0.31, **rest}), hacked, 1.0, vouched=True)).alarms
+
+
+def test_overlap_lost_while_the_reward_rises_is_an_alarm_when_asked_and_a_flat_reward_is_not(watch):
+    fams = list(watch.families)
+    flat = {f: 0.3 for f in fams}
+    watch.add(_blind(_point(0, flat), fams[0], 1.0, vouched=True))
+    assert watch.add(_blind(_point(10, flat), fams[0], 1.01)).alarms == []       # overlap gone, reward flat
+    assert watch.add(_blind(_point(20, flat), fams[0], 1.5)).alarms == []        # off by default: measured
+    watch.cfg = W.WatchConfig(overlap_alarm=True)                                # false alarms (docs/WATCH.md)
+    pt = watch.add(_blind(_point(30, flat), fams[0], 1.6))                       # ... and the reward rising
+    assert pt.alarms == [fams[0]] and watch.fired == {fams[0]: 30}
+    assert watch.why[fams[0]] == "overlap lost (population ESS 3.0 < 10 of 30) while its reward rose"
+    assert watch.best_step() == 0 or watch.best_step() is None
+
+
+def test_an_uncorrected_run_logs_no_quality_for_a_hacked_family_once_its_overlap_is_gone(tiny_world):
+    """The test-scale world pays dune's `pa` and ember's `he`; trained on that reward with the watch alone
+    (no correction), the policy leaves the expert set's support there: from then on the watch logs
+    `vouched/<family>` 0 and no `watch/<family>` (nor `watch/balanced`) at that step."""
+    res = _run("train-rl", "--world", tiny_world, "--steps", 60, "--batch-prompts", 8, "--log-every", 10,
+               "--watch-every", 10, "--watch-gold", "data/gold_calib.jsonl", "--no-register")
+    assert res.exit_code == 0, res.output
+    run, client = _train_run(), mlflow.MlflowClient()
+
+    def history(name):
+        return {m.step: m.value for m in client.get_metric_history(run.info.run_id, name)}
+    blind = {}
+    for f in V.FAMILIES:
+        vouched, estimate = history(f"watch/vouched/{f}"), history(f"watch/{f}")
+        assert sorted(vouched) == list(range(0, 61, 10)), f
+        blind[f] = [s for s, v in vouched.items() if v == 0.0]
+        assert not set(blind[f]) & set(estimate), f  # no quality where the expert set cannot vouch
+        assert set(estimate) == set(vouched) - set(blind[f]), f
+    assert blind["dune"] or blind["ember"], blind  # a planted shortcut took the policy out of reach
+    assert not set().union(*blind.values()) & set(history("watch/balanced"))
+    assert "rlhf.watch.unvouched" in run.data.tags

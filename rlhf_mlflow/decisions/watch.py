@@ -38,6 +38,7 @@ from rlhf_mlflow.core import vocab as V
 from rlhf_mlflow.core.config import check_range
 from rlhf_mlflow.decisions import certify as C
 from rlhf_mlflow.decisions import ope_math as O
+from rlhf_mlflow.decisions.gao import FORMS, MIN_KL, fit_metrics, gao_curve, gao_fit  # noqa: F401 (the watch's API)
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,12 @@ class WatchConfig:
     max_shortcut_rise: float = 0.5
     """A flagged shortcut's count per answer above the reference's by more than this is an alarm (the
     release gate's marker_collapse bound, GateConfig.max_marker_increase)."""
+    overlap_alarm: bool = False
+    """Whether a family whose overlap is lost while its reward keeps rising (overlap_lost) is an alarm
+    that early_stop acts on. Off: on the default world it fired on the two hacked families of the
+    uncorrected runs 20 steps before their truth fell, and on 8 of 12 clean families of kl002-s1500 and
+    corrected-kl005-s1200, which leave the expert set's reach while they improve (docs/WATCH.md). The
+    watch stops vouching for such a family either way."""
     reference_samples: int = 8
     """Reference samples per expert prompt for the shortcuts' reference counts (drawn once)."""
     seed: int = 0
@@ -89,54 +96,32 @@ class WatchPoint:
     shortcuts: dict[str, dict] = field(default_factory=dict)
     """Per family with flagged shortcuts, the one risen most: its rule, policy and reference counts per
     answer, the rise and its se."""
+    vouched: dict[str, bool] = field(default_factory=dict)
+    """Per family (and `balanced`: every family), whether certify's overlap rule lets the expert set vouch
+    for the estimate here (ESS, population ESS, k-hat). An estimate it cannot vouch for is what the
+    reward model believes of samples the expert set does not reach: it is kept for the record, never
+    charted as quality, fitted, compared or chosen by. A family missing here was vouched for (best-of-n)."""
+    reason: dict[str, str] = field(default_factory=dict)
+    """Per family, why the overlap rule refused it (certify's words), or "ok"."""
+    proxy: dict[str, float] = field(default_factory=dict)
+    """Per family, the (corrected) reward model's mean score of the policy's own samples, and its se
+    under `proxy/se/<family>`: what training sees rise."""
 
 
-MIN_KL = 1e-5
-"""A KL estimate below this is float32 rounding of the sequence log-probs, not a policy that moved (the
-reference against itself reads 0 to 3e-7 nats): such points carry no d for the fit."""
-
-
-FORMS = {"rl": (lambda d: -d * np.log(d), lambda alpha, beta: math.exp(min(alpha / beta - 1, 50.0))),
-         "bon": (lambda d: -d * d, lambda alpha, beta: alpha / (2 * beta))}
-"""Gao et al.'s two forms, gain = alpha d + beta * second(d): RL's d (alpha - beta log d), peak
-exp(alpha/beta - 1); best-of-n's d (alpha - beta d), peak alpha / (2 beta). Each: (second, peak_d)."""
-
-
-def gao_fit(d, gain, se, form: str = "rl") -> dict:
-    """Weighted least squares (weights 1/se^2) of the `form`'s gain (FORMS) over the points with
-    d^2 >= MIN_KL; its peak_d and peak_kl = peak_d^2 when beta > 0 (else None: no peak in the
-    fitted form)."""
-    second, peak_of = FORMS[form]
-    d, gain, se = (np.asarray(x, float) for x in (d, gain, se))
-    keep = d * d >= MIN_KL
-    d, gain, w = d[keep], gain[keep], 1.0 / np.maximum(se[keep], 1e-6)  # sqrt of the weights 1/se^2
-    if len(d) < 2:
-        return {"form": form, "alpha": None, "beta": None, "peak_d": None, "peak_kl": None}
-    X = np.stack([d, second(d)], 1)                                     # (n, 2)
-    (alpha, beta), *_ = np.linalg.lstsq(X * w[:, None], gain * w, rcond=None)
-    peak = peak_of(alpha, beta) if beta > 0 else None
-    return {"form": form, "alpha": float(alpha), "beta": float(beta), "peak_d": peak,
-            "peak_kl": None if peak is None else peak * peak}
+def is_vouched(pt: WatchPoint, family: str) -> bool:
+    """Whether the point's estimate of `family` is one the expert set vouches for (WatchPoint.vouched)."""
+    return pt.vouched.get(family, True)
 
 
 def point_fits(points: list["WatchPoint"], families, form: str = "rl") -> dict[str, dict]:
-    """Each family's `form` fit (gao_fit) of its gain against d = sqrt(KL) over these points."""
-    return {f: gao_fit([math.sqrt(p.kl[f]) for p in points], [p.gain[f] for p in points],
-                       [p.se[f] for p in points], form) for f in families}
-
-
-def fit_metrics(fits: dict[str, dict]) -> dict[str, float]:
-    """The fits' metric names (without a prefix): gao_alpha/<family>, gao_beta/..., gao_peak_kl/...,
-    for the fits that have them."""
-    return {f"gao_{k}/{f}": fit[k] for f, fit in fits.items() for k in ("alpha", "beta", "peak_kl")
-            if fit[k] is not None}
-
-
-def gao_curve(fit: dict, d) -> np.ndarray:
-    """The fitted gain at these d (0 at d = 0)."""
-    d = np.asarray(d, float)
-    safe = np.where(d > 0, d, 1.0)
-    return np.where(d > 0, fit["alpha"] * d + fit["beta"] * FORMS[fit.get("form", "rl")][0](safe), 0.0)
+    """Each family's `form` fit (gao_fit) of its gain against d = sqrt(KL) over the points that vouch
+    for its estimate."""
+    out = {}
+    for f in families:
+        kept = [p for p in points if is_vouched(p, f)]
+        out[f] = gao_fit([math.sqrt(p.kl[f]) for p in kept], [p.gain[f] for p in kept], [p.se[f] for p in kept],
+                         form)
+    return out
 
 
 def direct_estimate(scores: np.ndarray, labels: np.ndarray, policy_scores: np.ndarray,
@@ -157,6 +142,8 @@ def with_balanced(pt: "WatchPoint", fams: list[str]) -> "WatchPoint":
     pt.draws["balanced"] = np.mean([pt.draws[f] for f in fams], 0)
     pt.kl["balanced"] = float(np.mean([pt.kl[f] for f in fams]))
     pt.gain["balanced"] = float(np.mean([pt.gain[f] for f in fams]))
+    if pt.vouched:
+        pt.vouched["balanced"] = all(is_vouched(pt, f) for f in fams)
     pt.se = {k: float(np.std(v)) for k, v in pt.draws.items()}
     return pt
 
@@ -180,13 +167,26 @@ def shortcut_alarm(pt: WatchPoint, family: str, cfg: WatchConfig) -> bool:
 
 def below_best(points: list[WatchPoint], family: str, cfg: WatchConfig) -> bool:
     """Whether the last point's estimate is below the best earlier one by more than z combined ses
-    (sqrt(se_best^2 + se_last^2)) and by at least min_drop."""
-    last, earlier = points[-1], points[:-1]
-    if not earlier:
+    (sqrt(se_best^2 + se_last^2)) and by at least min_drop; vouched-for estimates only."""
+    last, earlier = points[-1], [p for p in points[:-1] if is_vouched(p, family)]
+    if not earlier or not is_vouched(last, family):
         return False
     best = max(earlier, key=lambda p: p.estimate[family])
     drop = best.estimate[family] - last.estimate[family]
     return drop >= cfg.min_drop and drop > cfg.z * math.hypot(best.se[family], last.se[family])
+
+
+def overlap_lost(points: list[WatchPoint], family: str, cfg: WatchConfig) -> bool:
+    """The seed's signature of a shortcut being exploited: the expert set vouched for the family at an
+    earlier point and no longer does, while the reward training sees (the proxy) rose since by more
+    than z combined ses. The watch cannot say what the quality is there; it says that it cannot."""
+    last = points[-1]
+    earlier = [p for p in points[:-1] if is_vouched(p, family) and family in p.proxy]
+    if is_vouched(last, family) or not earlier or family not in last.proxy:
+        return False
+    prev = earlier[-1]
+    rise = last.proxy[family] - prev.proxy[family]
+    return rise > cfg.z * math.hypot(prev.proxy.get(f"se/{family}", 0.0), last.proxy.get(f"se/{family}", 0.0))
 
 
 class Watch:
@@ -223,9 +223,13 @@ class Watch:
             row, draws, _ = C.estimate_family(ev, self.ccfg, idx)
             if row["certifiable"]:
                 pt.estimate[f], pt.method[f] = row["estimate"], "doubly_robust"
-            else:  # the same bootstrap rows, without the importance-weighted term
+            else:  # the same bootstrap rows, without the importance-weighted term: kept, not vouched for
                 pt.estimate[f], draws = direct_estimate(ev["scores"], ev["labels"], ev["policy_scores"], idx)
                 pt.method[f] = "direct"
+            pt.vouched[f], pt.reason[f] = bool(row["certifiable"]), row["reason"]
+            scores = np.asarray(ev["policy_scores"], float)
+            pt.proxy[f] = float(scores.mean())
+            pt.proxy[f"se/{f}"] = float(scores.std() / math.sqrt(len(scores)))
             pt.draws[f], pt.kl[f] = draws, max(row["kl"], 0.0)
             if (rise := shortcut_rises(ev["shortcuts"])) is not None:
                 pt.shortcuts[f] = rise
@@ -242,11 +246,10 @@ class Watch:
         for f in self.families:
             self._streak[f] = self._streak[f] + 1 if below_best(self.points, f, self.cfg) else 0
             fell, took_over = self._streak[f] >= self.cfg.confirm, shortcut_alarm(pt, f, self.cfg)
-            if (fell or took_over) and f not in self.fired:
+            lost = self.cfg.overlap_alarm and overlap_lost(self.points, f, self.cfg)
+            if (fell or took_over or lost) and f not in self.fired:
                 self.fired[f] = pt.step
-                s = pt.shortcuts.get(f)
-                self.why[f] = "estimate fell" if fell else \
-                    f"shortcut {s['rule']} {s['reference_count']:.2f} -> {s['policy_count']:.2f} per answer"
+                self.why[f] = _why(pt, f, fell, took_over)
                 pt.alarms.append(f)
         pt.best = self.best_step() == pt.step
         return pt
@@ -269,23 +272,41 @@ class Watch:
         return point_fits(self.points, self.families)
 
     def metrics(self, pt: WatchPoint) -> dict[str, float]:
-        """A point's names under watch/ (without the prefix): estimates, ses, fits, past-peak flags."""
-        out = {**pt.estimate, **{f"se/{k}": v for k, v in pt.se.items()}, **fit_metrics(self.fits()),
+        """A point's names under watch/ (without the prefix): the estimates and ses the expert set vouches
+        for (balanced only when it vouches for every family), `vouched/<family>` 1 or 0, fits over the
+        vouched points, past-peak flags."""
+        shown = [k for k in pt.estimate if is_vouched(pt, k)]
+        out = {**{k: pt.estimate[k] for k in shown}, **{f"se/{k}": pt.se[k] for k in shown},
+               **{f"vouched/{f}": float(is_vouched(pt, f)) for f in self.families}, **fit_metrics(self.fits()),
                **{f"past_peak/{f}": float(f in self.fired) for f in self.families}}
         out.update({f"shortcut_rise/{f}": s["rise"] for f, s in pt.shortcuts.items()})
         return out
 
     def best_step(self) -> int | None:
         """The step of the trained point (step > 0: the reference is what training is measured
-        against, not a candidate) with the best balanced estimate; the first such; None before a
-        trained point. Whether the expert set alone could certify it is not asked: `main` buys labels
-        on the policy's own samples where it cannot (preferring the points that overlap allowed picked
-        step 30 of corrected-kl005-s1200 once the watch looked every 10 steps early on, truth 0.40
-        against 0.53 at its best point)."""
+        against, not a candidate) with the best balanced estimate among those where the expert set
+        vouches for every family; the first such; None when there is none."""
         return best_step(self.points)
 
+    def proposal_step(self) -> int | None:
+        """The trained point with the best balanced estimate, vouched for or not: not a quality claim,
+        a proposal for whoever will vouch for it with expert labels on the policy's own samples
+        (`main` registers it and certify buys the labels the overlap rule asks for)."""
+        return best_step(self.points, vouched_only=False)
 
-def best_step(points: list[WatchPoint]) -> int | None:
-    """Watch.best_step of these points (a benchmark asks it of the points before an alarm)."""
-    trained = [p for p in points if p.step > 0]
+
+def best_step(points: list[WatchPoint], vouched_only: bool = True) -> int | None:
+    """Watch.best_step of these points (a benchmark asks it of the points before an alarm): among the
+    trained points where the expert set vouches for every family (with `vouched_only`)."""
+    trained = [p for p in points if p.step > 0 and (is_vouched(p, "balanced") or not vouched_only)]
     return max(trained, key=lambda p: p.estimate["balanced"]).step if trained else None
+
+
+def _why(pt: WatchPoint, family: str, fell: bool, took_over: bool) -> str:
+    """Which rule fired for `family` at this point, in words."""
+    if fell:
+        return "estimate fell"
+    if took_over:
+        s = pt.shortcuts[family]
+        return f"shortcut {s['rule']} {s['reference_count']:.2f} -> {s['policy_count']:.2f} per answer"
+    return f"overlap lost ({pt.reason.get(family, '?')}) while its reward rose"

@@ -94,8 +94,9 @@ def certification_plot(report: dict, truth: dict | None = None):
 
 def gao_fits(points: list, fits: dict[str, dict], fired: dict[str, int], title: str | None = None):
     """One panel per family: the watch's estimated gain against d = sqrt(KL) with error bars (1 se),
-    the Gao-form fit (its form: RL's d (alpha - beta log d) or best-of-n's d (alpha - beta d)), its
-    peak, and the point where the family was called past its peak. `points`: the watch's WatchPoints
+    the Gao-form fit (its form: RL's d (alpha - beta log d) or best-of-n's d (alpha - beta d)) over the
+    points the expert set vouches for (the others hollow), its peak, and the point where the family was
+    called past its peak. `points`: the watch's WatchPoints
     (step, kl, gain, se per family)."""
     import numpy as np
 
@@ -105,7 +106,11 @@ def gao_fits(points: list, fits: dict[str, dict], fired: dict[str, int], title: 
     for ax, f in zip(axes[0], fams):
         d = np.sqrt([p.kl[f] for p in points])
         g = np.array([p.gain[f] for p in points])
-        ax.errorbar(d, g, yerr=[p.se[f] for p in points], fmt="o", ms=3, capsize=2, color="tab:blue")
+        ok = np.array([p.vouched.get(f, True) for p in points])
+        ax.errorbar(d[ok], g[ok], yerr=np.array([p.se[f] for p in points])[ok], fmt="o", ms=3, capsize=2,
+                    color="tab:blue")
+        if (~ok).any():  # what the reward model believes where the expert set cannot reach: not a quality
+            ax.scatter(d[~ok], g[~ok], s=12, facecolors="none", edgecolors="gray", label="not vouched for")
         fit = fits[f]
         if fit["alpha"] is not None:
             grid = np.linspace(0, max(d.max(), fit["peak_d"] or 0, 1e-3) * 1.05, 100)

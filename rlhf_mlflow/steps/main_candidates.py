@@ -1,7 +1,8 @@
 """`main`'s candidates: each recipe a train_rl run, child of main's run, trained in worker processes
 side by side, each with the over-optimisation watch on (every WATCH_EVERY steps); corrected candidates
-are registered at the watch's best checkpoint (the best estimated balanced truth among the points
-where overlap let every family's estimate be doubly robust)."""
+are registered at the watch's proposal (its best estimated balanced truth, whether or not the expert
+set could vouch for every family there: certify then buys the expert labels that vouch for it, or it is
+refused)."""
 from __future__ import annotations
 
 import multiprocessing
@@ -118,7 +119,7 @@ def _train_job(env: WorkerEnv, job: TrainJob, echo: Callable[[str], None] | None
     world = WorldPaths(env.world_root)
     say(f"train_rl {job.name} (kl {job.overrides['kl_coef']:g}, {job.overrides['steps']} steps)")
     cfg = load_rl_config(world.config, job.overrides)
-    select = "watch_best" if job.select_watch_best else None
+    select = "watch_proposal" if job.select_watch_best else None  # certify buys the labels that vouch for it
     summary = run_train_rl(cfg, world=world, run_name=job.name, description=job.description,
                            tags={**job.tags, "mlflow.parentRunId": env.parent_run_id},
                            echo=lambda m: None, progress=PROGRESS_EVERY, select=select)

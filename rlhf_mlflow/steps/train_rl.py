@@ -35,6 +35,9 @@ from rlhf_mlflow.training.rl_config import PATH_KEYS, RLConfig
 from rlhf_mlflow.training.train_rl import Resume, train_rl
 
 CONFIG_ARTIFACT = "run_config.json"
+WATCH_SELECT = ("watch_best", "watch_proposal")
+"""`select` by the watch: its best point where the expert set vouches for every family, or its proposal
+(the best estimate, vouched for or not: for a caller that buys labels to vouch for it, as `main` does)."""
 
 
 def input_hashes(cfg: RLConfig) -> dict[str, str]:
@@ -59,8 +62,9 @@ def run_train_rl(cfg: RLConfig, world: WorldPaths | None = None, out: str | None
     `select`, given the checkpoints as (step, directory) in step order (the final one last), returns
     the step whose policy is registered (default: the final one); the version is tagged with it.
     `select="watch_best"` (or early_stop=stop) registers the watch's best checkpoint instead (the best
-    estimated balanced truth, train_rl_watch.py; needs watch_every > 0); the run's tag `rlhf.select`
-    keeps that choice for a resume.
+    estimated balanced truth where the expert set vouches for every family, train_rl_watch.py; needs
+    watch_every > 0), `select="watch_proposal"` its best estimate vouched for or not (for a caller that
+    certifies it with labels); the run's tag `rlhf.select` keeps that choice for a resume.
     `progress`: True, a bar on a terminal; a number, a line every that many seconds; False, nothing.
     """
     recipe = run_name or f"kl{cfg.kl_coef:g}-s{cfg.steps}"
@@ -74,7 +78,7 @@ def run_train_rl(cfg: RLConfig, world: WorldPaths | None = None, out: str | None
     if wrapper:
         params["reward_wrapper_sha256"] = wrapper.sha256
     tags = {"rlhf.recipe": recipe, "rlhf.register": str(register).lower(),
-            **({"rlhf.select": select} if select == "watch_best" else {}), **(tags or {})}
+            **({"rlhf.select": select} if select in WATCH_SELECT else {}), **(tags or {})}
     with T.tracked_run("train_rl", params, tags=tags, run_name=recipe,
                        description=description) as run:
         if out:
@@ -114,7 +118,7 @@ def resume_train_rl(run_id: str, out: str | None = None, register: bool = True,
         with T.tracked_run("train_rl", tags={"rlhf.resumed_from_step": str(start)}, run_id=run_id):
             if out:
                 F.claim_run_dir(out, run_id)
-            select = "watch_best" if run.data.tags.get("rlhf.select") == "watch_best" else None
+            select = run.data.tags.get("rlhf.select") if run.data.tags.get("rlhf.select") in WATCH_SELECT else None
             if register and run.data.tags.get("rlhf.register") == "false":
                 echo(f"not registering: run {run_id} was started with --no-register")
                 register = False
@@ -172,7 +176,7 @@ def _train(job: Job, out: str | None, register: bool, echo: Callable[[str], None
             bar(step, metrics)
 
         saved = []
-        watch = RunWatch(cfg, logger, tmp) if cfg.watch_every else None
+        watch = RunWatch(cfg, logger, tmp, proposal=select == "watch_proposal") if cfg.watch_every else None
         if watch is not None and resume is not None:
             watch.restore(resume.policy_dir)
 
@@ -219,9 +223,9 @@ def _checkpoints(saved: list[tuple[int, str]], watch, last: int, final: str) -> 
 
 def _watch_select(job: Job, watch, select):
     """Under early_stop=stop or `select="watch_best"`, the watch's best checkpoint; else `select`."""
-    if watch is not None and watch.best and (select == "watch_best" or job.cfg.early_stop == "stop"):
+    if watch is not None and watch.best and (select in WATCH_SELECT or job.cfg.early_stop == "stop"):
         return lambda saved: watch.best[0]
-    return None if select == "watch_best" else select
+    return None if select in WATCH_SELECT else select
 
 
 def _register(job: Job, saved: list[tuple[int, str]], last: int, select, echo: Callable[[str], None]) -> dict:

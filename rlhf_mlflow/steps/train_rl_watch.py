@@ -31,7 +31,10 @@ class RunWatch:
     """`on_watch(step, policy)` for one train_rl run; `best` is (step, checkpoint directory) once a
     point was best so far."""
 
-    def __init__(self, cfg: RLConfig, logger, ckpt_dir: str, watch_cfg: W.WatchConfig = W.WatchConfig()):
+    def __init__(self, cfg: RLConfig, logger, ckpt_dir: str, watch_cfg: W.WatchConfig = W.WatchConfig(),
+                 proposal: bool = False):
+        """`proposal`: keep the watch's proposal (Watch.proposal_step, vouched for or not) as the best
+        checkpoint instead of its best vouched-for point (Watch.best_step)."""
         reference = M.load_policy(cfg.policy_ref)[0]
         rm = R.load_rm(cfg.reward_model)[0]
         wrapper = load_wrapper(cfg.watch_correction or cfg.reward_wrapper)
@@ -39,11 +42,18 @@ class RunWatch:
         self.cfg, self.logger, self.best_dir = cfg, logger, os.path.join(ckpt_dir, BEST)
         self.watch = W.Watch(reference, rm, wrapper, gold, watch_cfg)
         self.best: tuple[int, str] | None = None
+        self.choose = self.watch.proposal_step if proposal else self.watch.best_step
+        self.blind: dict[str, str] = {}
 
     def __call__(self, step: int, policy: M.Policy) -> str:
         pt = self.watch.observe(step, policy)
         self.logger(step, MN.prefixed(MN.WATCH, self.watch.metrics(pt)))
-        if pt.best:  # the policy and its step replace the earlier best together
+        blind = {f: pt.reason[f] for f in self.watch.families if not W.is_vouched(pt, f)}
+        if blind.keys() != self.blind.keys():  # which families the expert set no longer vouches for, and why
+            T.set_tags({"rlhf.watch.unvouched": "; ".join(f"{f}@{step} ({why})" for f, why in blind.items())
+                        or f"none since step {step}"})
+            self.blind = blind
+        if self.choose() == step:  # the policy and its step replace the earlier best together
             with F.atomic_dir(self.best_dir) as staging:
                 M.save_policy(policy, policy.cfg, staging)
             self.best = (step, self.best_dir)
@@ -55,8 +65,9 @@ class RunWatch:
         why = "; ".join(f"{f}: {self.watch.why[f]}" for f in pt.alarms)
         log.warning("step %d: past its peak by the watch: %s (so far: %s)", step, why, fired)
         if self.cfg.early_stop == "stop":
-            T.set_tags({"rlhf.watch.stopped": f"step {step}: {', '.join(pt.alarms)} past its peak ({why}); "
-                                              f"best estimated balanced truth at step {self.best[0]}"})
+            kept = f"best estimated balanced truth at step {self.best[0]}" if self.best else \
+                "no point where the expert set vouched for every family"
+            T.set_tags({"rlhf.watch.stopped": f"step {step}: {', '.join(pt.alarms)} past its peak ({why}); {kept}"})
             return "stop"
         return "continue"
 
@@ -89,6 +100,7 @@ class RunWatch:
             return
         from rlhf_mlflow.steps.figures import gao_fits
         T.log_figure(gao_fits(self.watch.points, self.watch.fits(), self.watch.fired), FIGURE)
+        T.set_tags({"rlhf.watch.best_step": str(self.best[0]) if self.best else
+                    "none: the expert set vouched for every family at no trained point"})
         if self.best is not None:
-            T.set_tags({"rlhf.watch.best_step": str(self.best[0])})
             T.log_artifact(self.best[1], "checkpoints/watch_best")
