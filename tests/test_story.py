@@ -120,6 +120,12 @@ def test_each_version_says_its_verdict_and_the_main_run_names_the_champion(story
     description = main.data.tags["mlflow.note.content"]
     champion = client.get_model_version_by_alias("rlhf-policy", "champion")
     assert f"**Champion: version {champion.version} ({champion.tags['recipe']})**" in description
+    # the loosened gate is on top of the story, on the main run and on every version it released
+    loosened = "min_balanced_gain=-1, require_significant_gain=false"
+    assert description.startswith(f"**Released under non-default guardrails: {loosened}**")
+    assert main.data.tags["rlhf.non_default"] == loosened
+    assert all(v.tags["release.non_default"] == loosened and f"NON-DEFAULT THRESHOLDS: {loosened}." in v.description
+               for v in versions)
     assert "main/champion_certified_balanced" in main.data.metrics
     assert max(len(line) for line in description.splitlines()) < 140  # reads without scrolling
     for cert in (r for r in _runs() if r.data.tags["rlhf.step"] == "certify"):
