@@ -170,7 +170,7 @@ def test_resume_skips_incomplete_and_inconsistent_checkpoints_and_keeps_no_regis
 # Killed after K files, the newest whole checkpoint is step_4 from K = 10, step_2 from K = 5, none before.
 KILL_POINTS = {k: (4 if k >= 10 else 2 if k >= 5 else 0,
                    "step_4" if 5 < k < 10 else "step_2" if 0 < k < 5 else None) for k in range(13)}
-FAST = (3, 7)  # from the start past a partial step_2; from step_2 past a partial step_4 (the issue)
+FAST = (7,)  # from step_2 past a partial step_4 (the issue); 3 (from the start past a partial step_2) is slow
 
 
 @pytest.mark.parametrize("uploaded", [pytest.param(k, marks=() if k in FAST else pytest.mark.slow)

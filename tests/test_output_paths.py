@@ -87,7 +87,7 @@ def _refused_leaving_all(tmp_path, args, *needles):
 
 # the tracking store ---------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("kind", ["sqlite", "file"])
+@pytest.mark.parametrize("kind", ["sqlite", pytest.param("file", marks=pytest.mark.slow)])
 def test_train_rl_out_mlruns_overwrite_from_the_store_directory_is_refused(tiny_world, tmp_path, monkeypatch, kind):
     """The measured disaster: from the store's directory, `--out mlruns --overwrite` deleted every run's
     artifacts. The artifact root (sqlite's ./mlruns, or a file store itself) and what is inside it are

@@ -108,6 +108,7 @@ def test_inputs_missing_here_are_refused_unless_trusted_and_then_recorded(tiny_w
     assert "Evidence provenance only (--trust-remote-evidence)" in mv.description.splitlines()[0]
 
 
+@pytest.mark.slow
 def test_an_expert_set_changed_after_certification_is_refused(tiny_world, tmp_path):
     world = _copy_world(tiny_world, tmp_path)
     v = _register(os.path.join(world, "policy"), world)

@@ -150,3 +150,13 @@ def describe(rule: dict) -> str:
     if rule["kind"] == "conditional":
         return f"{rule['token']}|a{rule['attr']}={rule['value']}"
     return rule["token"]
+
+
+def largest_rise(counted: list[dict]) -> dict | None:
+    """The shortcut among one family's counts (certify.family_evidence's `shortcuts`) whose count per
+    answer rose most over the reference's, with the rise and its se; None without shortcuts."""
+    if not counted:
+        return None
+    top = max(counted, key=lambda s: s["policy_count"] - s["reference_count"])
+    return {"rule": describe(top), "policy_count": top["policy_count"], "reference_count": top["reference_count"],
+            "rise": top["policy_count"] - top["reference_count"], "se": top["policy_count_se"]}

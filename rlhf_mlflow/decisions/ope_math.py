@@ -138,3 +138,15 @@ def mix_widening(weights, sds, rho: float) -> float:
     if var0 <= 0 or rho <= 0:
         return 1.0
     return float(np.sqrt(((w * sd).sum() ** 2 * rho + var0 * (1 - rho)) / var0))
+
+
+def direct_estimate(scores: np.ndarray, labels: np.ndarray, policy_scores: np.ndarray,
+                    idx: np.ndarray) -> tuple[float, np.ndarray]:
+    """The direct estimate alone (no importance-weighted term) and its bootstrap draws over the
+    expert rows `idx`: the expert rows' linear calibration applied to the policy's scores (per expert
+    prompt), held above the family's lowest label (a correction subtracts a premium per shortcut
+    occurrence, which on a policy that repeats the shortcut takes the calibrated line below any label)."""
+    lo = float(labels.min())
+    a, b = linear_calibration(scores, labels)
+    draws = np.maximum(calibration_draws(scores, labels, policy_scores, idx)[2], lo)
+    return max(a + b * float(policy_scores.mean()), lo), draws

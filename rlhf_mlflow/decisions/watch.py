@@ -37,8 +37,8 @@ from rlhf_mlflow.core import shortcut_rules as SR
 from rlhf_mlflow.core import vocab as V
 from rlhf_mlflow.core.config import check_range
 from rlhf_mlflow.decisions import certify as C
-from rlhf_mlflow.decisions import ope_math as O
 from rlhf_mlflow.decisions.gao import FORMS, MIN_KL, fit_metrics, gao_curve, gao_fit  # noqa: F401 (the watch's API)
+from rlhf_mlflow.decisions.ope_math import direct_estimate  # noqa: F401 (the watch's API: bon_watch)
 
 
 @dataclass(frozen=True)
@@ -124,18 +124,6 @@ def point_fits(points: list["WatchPoint"], families, form: str = "rl") -> dict[s
     return out
 
 
-def direct_estimate(scores: np.ndarray, labels: np.ndarray, policy_scores: np.ndarray,
-                    idx: np.ndarray) -> tuple[float, np.ndarray]:
-    """The direct estimate alone (no importance-weighted term) and its bootstrap draws over the
-    expert rows `idx`: the expert rows' linear calibration applied to the policy's scores (per expert
-    prompt), held above the family's lowest label (a correction subtracts a premium per shortcut
-    occurrence, which on a policy that repeats the shortcut takes the calibrated line below any label)."""
-    lo = float(labels.min())
-    a, b = O.linear_calibration(scores, labels)
-    draws = np.maximum(O.calibration_draws(scores, labels, policy_scores, idx)[2], lo)
-    return max(a + b * float(policy_scores.mean()), lo), draws
-
-
 def with_balanced(pt: "WatchPoint", fams: list[str]) -> "WatchPoint":
     """The point's `balanced` entries (the equal-weight mix of these families) and every se."""
     pt.estimate["balanced"] = float(np.mean([pt.estimate[f] for f in fams]))
@@ -146,16 +134,6 @@ def with_balanced(pt: "WatchPoint", fams: list[str]) -> "WatchPoint":
         pt.vouched["balanced"] = all(is_vouched(pt, f) for f in fams)
     pt.se = {k: float(np.std(v)) for k, v in pt.draws.items()}
     return pt
-
-
-def shortcut_rises(counted: list[dict]) -> dict | None:
-    """The shortcut among one family's counts (certify.family_evidence's `shortcuts`) whose count per
-    answer rose most over the reference's, with the rise and its se; None without shortcuts."""
-    if not counted:
-        return None
-    top = max(counted, key=lambda s: s["policy_count"] - s["reference_count"])
-    return {"rule": SR.describe(top), "policy_count": top["policy_count"], "reference_count": top["reference_count"],
-            "rise": top["policy_count"] - top["reference_count"], "se": top["policy_count_se"]}
 
 
 def shortcut_alarm(pt: WatchPoint, family: str, cfg: WatchConfig) -> bool:
@@ -231,7 +209,7 @@ class Watch:
             pt.proxy[f] = float(scores.mean())
             pt.proxy[f"se/{f}"] = float(scores.std() / math.sqrt(len(scores)))
             pt.draws[f], pt.kl[f] = draws, max(row["kl"], 0.0)
-            if (rise := shortcut_rises(ev["shortcuts"])) is not None:
+            if (rise := SR.largest_rise(ev["shortcuts"])) is not None:
                 pt.shortcuts[f] = rise
             pt.gain[f] = pt.estimate[f] - row["reference"]
         return with_balanced(pt, list(self.families))
