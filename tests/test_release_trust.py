@@ -191,9 +191,12 @@ def test_the_champion_is_compared_only_on_the_same_expert_set(tiny_world, tmp_pa
     assert res.exit_code == 0 and '"decision": "refused"' in res.output, res.output
     why = _client().get_model_version(REGISTERED_MODEL, candidate).tags["guardrail.beats_champion"]
     assert why.startswith("fail: cannot compare with the champion") and "same expert set" in why
-    # the champion certified (and so recomputed) on the candidate's expert set: now they compare
+    assert _client().get_model_version_by_alias(REGISTERED_MODEL, "champion").version == champion
+    # the champion certified (and so recomputed) on the candidate's expert set: now they compare, and
+    # the alias moves exactly when the candidate's certification beats the champion's on that set
     _certify(champion, "--world", tiny_world, "--gold", gold)
     _run("release", "--model-version", candidate, *LENIENT)
     why = _client().get_model_version(REGISTERED_MODEL, candidate).tags["guardrail.beats_champion"]
     assert why.split(": ", 1)[1].startswith("certified balanced"), why
-    assert _client().get_model_version_by_alias(REGISTERED_MODEL, "champion").version == champion
+    now = _client().get_model_version_by_alias(REGISTERED_MODEL, "champion").version
+    assert now == (candidate if why.startswith("pass") else champion), (now, why)
