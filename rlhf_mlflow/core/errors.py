@@ -47,6 +47,8 @@ def parse_json(text: str, where: str, line: int | None = None) -> Any:
     """One JSON value read from file `where` (`line`: the line `text` is, for a JSON Lines row)."""
     at = where if line is None else f"{where}:{line}"
     too_deep = f"{at}: JSON nested more than {MAX_DEPTH} levels deep (no input of this pipeline nests so deep)"
+    if text.count("[") + text.count("{") > MAX_DEPTH and _bracket_depth(text) > MAX_DEPTH:
+        raise InputError(too_deep)  # before json.loads: its C decoder recurses, and its RecursionError leaks
     try:
         value = json.loads(text)
     except json.JSONDecodeError as e:
@@ -57,6 +59,23 @@ def parse_json(text: str, where: str, line: int | None = None) -> Any:
     if text.count("[") + text.count("{") > MAX_DEPTH and nesting(value) > MAX_DEPTH:
         raise InputError(too_deep)
     return value
+
+
+def _bracket_depth(text: str) -> int:
+    """The deepest [ / { nesting of JSON text outside its strings, scanned without recursion."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for ch in text:
+        if in_string:
+            escaped, in_string = (False, True) if escaped else (ch == "\\", ch != '"')
+        elif ch == '"':
+            in_string = True
+        elif ch in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif ch in "]}":
+            depth -= 1
+    return deepest
 
 
 def read_json(path: str, missing: str = "file not found") -> Any:
