@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from typing import IO
 
 from rlhf_mlflow.core.errors import InputError
-from rlhf_mlflow.core.world_paths import LAYOUT
+from rlhf_mlflow.core.world_paths import is_world
 
 
 def _sibling(path: str, tag: str) -> str:
@@ -164,15 +164,6 @@ def claim_run_dir(path: str, run_id: str, overwrite: bool = False) -> None:
         shutil.rmtree(old, ignore_errors=True)
     os.makedirs(path, exist_ok=True)
     atomic_write_json(os.path.join(path, RUN_MARKER), {"run_id": run_id})
-
-
-def is_world(path: str) -> bool:
-    """A world directory: the seed's fixture layout (policy/ and data/), built here (manifest.json) or not
-    (the expert set or the training prompts)."""
-    def has(item: str) -> bool:
-        return os.path.exists(os.path.join(path, LAYOUT[item]))
-    return (os.path.isdir(os.path.join(path, LAYOUT["policy"])) and os.path.isdir(os.path.join(path, "data"))
-            and (has("manifest") or has("expert_set") or has("prompts_train")))
 
 
 def _world_under(root: str) -> str | None:

@@ -72,6 +72,16 @@ class WorldPaths:
         return out
 
 
+def is_world(path: str) -> bool:
+    """A world directory by its layout, policy/ and data/ with manifest.json, the expert set or the
+    training prompts (what no --out may overwrite; `enclosing_world` below asks more of one: a
+    builder's manifest listing its files)."""
+    def has(item: str) -> bool:
+        return os.path.exists(os.path.join(path, LAYOUT[item]))
+    return (os.path.isdir(os.path.join(path, LAYOUT["policy"])) and os.path.isdir(os.path.join(path, "data"))
+            and (has("manifest") or has("expert_set") or has("prompts_train")))
+
+
 WORLD_INPUTS = ("reference", "gold", "rm_dir", "pilot_prompts")
 """The inputs of a certification that are files of the policy's world (the rest are the user's)."""
 

@@ -10,8 +10,8 @@ from dataclasses import replace
 
 from rlhf_mlflow.core import records as D
 from rlhf_mlflow.core.errors import InputError
-from rlhf_mlflow.core.files import check_out_is_free, check_writable, is_world
-from rlhf_mlflow.core.world_paths import WorldPaths
+from rlhf_mlflow.core.files import check_out_is_free, check_writable
+from rlhf_mlflow.core.world_paths import WorldPaths, is_world
 from rlhf_mlflow.tracking import metric_names as MN
 from rlhf_mlflow.tracking import runs as T
 from rlhf_mlflow.tracking.store_paths import store_paths
