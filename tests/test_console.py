@@ -9,6 +9,10 @@ import subprocess
 import sys
 
 import mlflow
+import numpy as np
+from click.testing import CliRunner
+
+from rlhf_mlflow.cli import cli
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -27,3 +31,27 @@ def test_a_bad_entry_point_value_names_the_real_command_and_the_launched_run_kee
     assert "'rlhf-mlflow train-rl --help'" in res.stderr and "train-rl train-rl" not in res.stderr
     named = client.get_run(run.info.run_id)
     assert named.info.run_name == "train_rl" and named.data.tags["mlflow.runName"] == "train_rl"
+
+
+def _point(step, values: dict[str, float], noise: float = 0.01):
+    """A synthetic watch point (as tests/test_watch.py makes them)."""
+    from rlhf_mlflow.decisions import watch as W
+    z = np.random.default_rng(0).normal(0, 1, 200)
+    fams = {**values, "balanced": float(np.mean(list(values.values())))}
+    return W.WatchPoint(step, dict(fams), {f: noise for f in fams}, {f: v + noise * z for f, v in fams.items()},
+                        {f: step / 100 for f in fams}, dict(fams), {f: "doubly_robust" for f in values})
+
+
+def test_the_watchs_past_peak_warning_names_the_run(tiny_world, monkeypatch, caplog):
+    """`main` trains candidates two at a time: each warning says whose it is."""
+    from rlhf_mlflow.decisions import watch as W
+    dune = {0: 0.30, 10: 0.34, 20: 0.36, 30: 0.25, 40: 0.2}
+    monkeypatch.setattr(W.Watch, "estimate", lambda self, step, policy: _point(
+        step, {f: (dune[step] if f == "dune" else 0.3) for f in self.families}))
+    res = CliRunner().invoke(cli, ["train-rl", "--world", tiny_world, "--steps", "40", "--batch-prompts", "4",
+                                   "--log-every", "20", "--watch-every", "10", "--watch-gold",
+                                   "data/gold_calib.jsonl", "--no-register"], catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    (run,) = mlflow.search_runs(search_all_experiments=True, output_format="list")
+    warnings = [r.getMessage() for r in caplog.records if "past its peak" in r.getMessage()]
+    assert warnings and all(w.startswith(f"{run.info.run_name}: step ") for w in warnings), warnings

@@ -106,7 +106,7 @@ def run_certify(version: str | None = None, policy: str | None = None, world: Wo
     if version:  # before the run: a version of another world, or another world's files, refused with nothing logged
         check_world_inputs(inputs, REG.version_for_world(version, world).tags.get("world_hash"), version)
     with T.tracked_run("certify", params, tags=tags,
-                       run_name=f"certify-v{version}" if version else "certify") as run:
+                       run_name=(f"certify-v{version}" if version else "certify") + ("-labels" if policy_labels else "")) as run:
         model_id = None
         if version:
             policy, model_id = REG.download_policy(version)

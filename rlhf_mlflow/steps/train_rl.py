@@ -176,7 +176,8 @@ def _train(job: Job, out: str | None, register: bool, echo: Callable[[str], None
             bar(step, metrics)
 
         saved = []
-        watch = RunWatch(cfg, logger, tmp, proposal=select == "watch_proposal") if cfg.watch_every else None
+        watch = RunWatch(cfg, logger, tmp, proposal=select == "watch_proposal", name=job.recipe) \
+            if cfg.watch_every else None
         if watch is not None and resume is not None:
             watch.restore(resume.policy_dir)
 

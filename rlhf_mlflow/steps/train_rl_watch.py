@@ -32,14 +32,15 @@ class RunWatch:
     point was best so far."""
 
     def __init__(self, cfg: RLConfig, logger, ckpt_dir: str, watch_cfg: W.WatchConfig = W.WatchConfig(),
-                 proposal: bool = False):
+                 proposal: bool = False, name: str = "train_rl"):
         """`proposal`: keep the watch's proposal (Watch.proposal_step, vouched for or not) as the best
-        checkpoint instead of its best vouched-for point (Watch.best_step)."""
+        checkpoint instead of its best vouched-for point (Watch.best_step). `name` (the run's recipe)
+        opens each warning: `main` trains several candidates at once."""
         reference = M.load_policy(cfg.policy_ref)[0]
         rm = R.load_rm(cfg.reward_model)[0]
         wrapper = load_wrapper(cfg.watch_correction or cfg.reward_wrapper)
         gold = D.read_jsonl(cfg.watch_gold, labelled=True)
-        self.cfg, self.logger, self.best_dir = cfg, logger, os.path.join(ckpt_dir, BEST)
+        self.cfg, self.logger, self.name, self.best_dir = cfg, logger, name, os.path.join(ckpt_dir, BEST)
         self.watch = W.Watch(reference, rm, wrapper, gold, watch_cfg)
         self.best: tuple[int, str] | None = None
         self.choose = self.watch.proposal_step if proposal else self.watch.best_step
@@ -63,7 +64,7 @@ class RunWatch:
         T.set_tags({"rlhf.watch.past_peak": fired,
                     "rlhf.watch.why": "; ".join(f"{f}: {why}" for f, why in self.watch.why.items())})
         why = "; ".join(f"{f}: {self.watch.why[f]}" for f in pt.alarms)
-        log.warning("step %d: past its peak by the watch: %s (so far: %s)", step, why, fired)
+        log.warning("%s: step %d: past its peak by the watch: %s (so far: %s)", self.name, step, why, fired)
         if self.cfg.early_stop == "stop":
             kept = f"best estimated balanced truth at step {self.best[0]}" if self.best else \
                 "no point where the expert set vouched for every family"
