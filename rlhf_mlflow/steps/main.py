@@ -29,6 +29,7 @@ from rlhf_mlflow.steps.main_labels import LabelBudget, buy_labels
 from rlhf_mlflow.steps.main_summary import summary_table
 from rlhf_mlflow.steps.outputs import check_out
 from rlhf_mlflow.steps.release import run_release
+from rlhf_mlflow.steps.main_view import publish as publish_front_page
 from rlhf_mlflow.steps.reports import markdown_table, story_markdown
 from rlhf_mlflow.steps.train_rl import run_train_rl
 from rlhf_mlflow.tracking import metric_names as MN
@@ -97,6 +98,9 @@ def run_main(world: WorldPaths, out_dir: str, steps_scale: float = 1.0, ceiling:
             T.set_tags({"rlhf.non_default": ", ".join(loosened)})
             echo(f"main: every release ran under non-default guardrails: {', '.join(loosened)}")
         T.set_description(story)
+        view = publish_front_page(table, parent.info.experiment_id, parent.info.run_id, loosened)
+        echo(f"MLflow UI (`mlflow ui`, http://127.0.0.1:5000): the experiment's page says who is champion; "
+             f"every candidate with its verdict: {view}")
         T.log_text(story + "\nEvery column (each guardrail, dev proxy, checkpoint step): summary.csv, or "
                    "full_summary.md.\n", "summary.md")
         T.log_text(markdown_table(table), "full_summary.md")

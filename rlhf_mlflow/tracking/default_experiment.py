@@ -42,14 +42,17 @@ def project_root(start: str | None = None) -> str | None:
 
 
 def experiment_id(name: str = EXPERIMENT) -> str:
-    """The id of experiment `name`, created if missing (another process may create it first)."""
+    """The id of experiment `name`, created if missing (another process may create it first), of the
+    kind that MLflow's UI opens on its runs (tracking/experiment_view.py)."""
     from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
+
+    from rlhf_mlflow.tracking.experiment_view import KIND, KIND_TAG
     client = MlflowClient()
     if exp := client.get_experiment_by_name(name):
         return exp.experiment_id
     try:
-        return client.create_experiment(name)
+        return client.create_experiment(name, tags={KIND_TAG: KIND})
     except MlflowException:
         if exp := client.get_experiment_by_name(name):
             return exp.experiment_id

@@ -16,7 +16,7 @@ import mlflow
 
 from rlhf_mlflow.core.errors import InputError
 from rlhf_mlflow.core.process import process_tags
-from rlhf_mlflow.tracking.default_experiment import EXPERIMENT
+from rlhf_mlflow.tracking.default_experiment import EXPERIMENT, experiment_id
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +37,7 @@ def _param_value(v) -> str:
 def _ensure_experiment() -> None:
     # under `mlflow run` the run (and so its experiment) is chosen by the launcher
     if not os.environ.get("MLFLOW_RUN_ID") and not mlflow.active_run():
-        mlflow.set_experiment(os.environ.get("MLFLOW_EXPERIMENT_NAME", EXPERIMENT))
+        mlflow.set_experiment(experiment_id=experiment_id(os.environ.get("MLFLOW_EXPERIMENT_NAME", EXPERIMENT)))
 
 
 def _warn_if_default(run: mlflow.ActiveRun) -> None:

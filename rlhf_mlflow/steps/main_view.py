@@ -1,0 +1,61 @@
+"""`main`'s first screen in MLflow's UI: the experiment's description says who is champion and why
+not the others, and each candidate's training run carries its verdict, certified quality and truth
+as the columns of the experiment's candidates view (tracking/experiment_view.py)."""
+from __future__ import annotations
+
+import pandas as pd
+
+from rlhf_mlflow.tracking import experiment_view as EV
+from rlhf_mlflow.tracking import registry as REG
+
+
+def _num(x, fmt: str = ".3f") -> str | None:
+    return None if x is None or pd.isna(x) else format(float(x), fmt)
+
+
+def verdict(row) -> str:
+    """`champion v3`, `refused v2: family_quality, certifiable`, `superseded v1`, ..."""
+    decision = "champion" if row["champion"] else (row["decision"] or "undecided")
+    refused_by = row.get("refused_by") or ""
+    return f"{decision} v{row['model_version']}" + (f": {refused_by}" if decision == "refused" and refused_by else "")
+
+
+def certified(row) -> str:
+    est, lo, hi = (_num(row.get(k)) for k in ("certified_balanced", "certified_lo", "certified_hi"))
+    return "not certifiable" if est is None else f"{est} [{lo}, {hi}]"
+
+
+def front_page(table: pd.DataFrame, experiment_id: str, main_run_id: str, loosened: list[str]) -> str:
+    """The experiment's description: a champion line, a line per candidate not released, links."""
+    champ = table[table["champion"]] if len(table) else table
+    if len(champ):
+        c = champ.iloc[0]
+        truth = _num(c.get("truth_balanced"))
+        head = (f"**Champion: v{c['model_version']} {c['candidate']}**, certified balanced {certified(c)}"
+                + (f", true {truth}" if truth else ""))
+    else:
+        current = REG.champion_version()
+        head = ("**No champion from this run**" + (f" (the champion is still v{current.version})" if current else "")
+                + ": no candidate passed every guardrail")
+    if loosened:
+        head += f" — under NON-DEFAULT guardrails: {', '.join(loosened)}"
+    others = [f"- v{r['model_version']} {r['candidate']}: {verdict(r).split(' ', 1)[0]}"
+              + (f" by {r['refused_by']}" if r.get("refused_by") else "")
+              for _, r in table.iterrows() if not r["champion"]]
+    links = (f"[every candidate with its verdict]({EV.view_link(experiment_id)}) · "
+             f"[main's summary](#/experiments/{experiment_id}/runs/{main_run_id}) · "
+             f"[the registry](#/models/{REG.REGISTERED_MODEL})")
+    return "\n".join([head, "", *(["Not the champion:", *others, ""] if others else []), links]) + "\n"
+
+
+def publish(table: pd.DataFrame, experiment_id: str, main_run_id: str, loosened: list[str]) -> str:
+    """Label each candidate's training run, write the candidates view and the front page; returns the
+    view's link."""
+    for _, row in table.iterrows():
+        truth = _num(row.get("truth_balanced"))
+        EV.label_candidate(REG.get_version(row["model_version"]).run_id, verdict(row), certified(row),
+                           truth or "not graded")
+    EV.mark_kind(experiment_id)  # `mlflow run --experiment-name` creates the experiment without it
+    link = EV.publish_view(experiment_id)
+    EV.publish_front_page(experiment_id, front_page(table, experiment_id, main_run_id, loosened))
+    return link

@@ -1,0 +1,59 @@
+"""What a user sees first when they open the experiment in MLflow's UI.
+
+MLflow 3.17's UI picks an experiment's default page from its `mlflow.experimentKind` tag: without it,
+an experiment whose runs log no training metrics it recognises opens on a GenAI overview (traces,
+"Evaluation runs"), with the runs table one toggle away. `mark_kind` tags the experiment as custom
+model development, so it opens on its runs.
+
+The experiment's description (`mlflow.note.content`, shown above the runs) is `main`'s front page:
+who is champion and why not the others. Its link opens a *shared view* of the runs table (an
+experiment tag `mlflow.sharedViewState.<key>` holding the table's columns, the UI's own "share
+view" format): the candidates' verdict, certified quality and truth as columns (tags on each
+candidate's training run, `rlhf.view.*`), and every run on the charts rather than the first ten.
+"""
+from __future__ import annotations
+
+import json
+
+import mlflow
+
+KIND_TAG = "mlflow.experimentKind"
+KIND = "custom_model_development"  # the UI's value that opens on the runs table
+NOTE_TAG = "mlflow.note.content"
+VIEW_KEY = "rlhf-candidates"
+VIEW_TAG_PREFIX = "mlflow.sharedViewState."
+VERDICT, CERTIFIED, TRUTH = "rlhf.view.verdict", "rlhf.view.certified", "rlhf.view.truth"
+COLUMNS = [f"tags.`{VERDICT}`", f"tags.`{CERTIFIED}`", f"tags.`{TRUTH}`", "tags.`rlhf.step`",
+           "attributes.`Models`", "attributes.`Description`"]
+
+
+def mark_kind(experiment_id: str) -> None:
+    """Tag the experiment as custom model development unless a user chose a kind already."""
+    client = mlflow.MlflowClient()
+    if KIND_TAG not in client.get_experiment(experiment_id).tags:
+        client.set_experiment_tag(experiment_id, KIND_TAG, KIND)
+
+
+def view_link(experiment_id: str) -> str:
+    """The UI's link (relative to the server root) to the candidates view of the runs table."""
+    return f"#/experiments/{experiment_id}?viewStateShareKey={VIEW_KEY}"
+
+
+def publish_view(experiment_id: str) -> str:
+    """Write the candidates view on the experiment; returns its link."""
+    state = {"selectedColumns": COLUMNS, "columnOrder": [], "columnWidths": {}, "runsHiddenMode": "SHOW_ALL",
+             "hideEmptyCharts": True, "orderByKey": "attributes.start_time", "orderByAsc": False}
+    mlflow.MlflowClient().set_experiment_tag(experiment_id, VIEW_TAG_PREFIX + VIEW_KEY, json.dumps(state))
+    return view_link(experiment_id)
+
+
+def publish_front_page(experiment_id: str, markdown: str) -> None:
+    """The experiment's description: shown above its runs in the UI."""
+    mlflow.MlflowClient().set_experiment_tag(experiment_id, NOTE_TAG, markdown)
+
+
+def label_candidate(run_id: str, verdict: str, certified: str, truth: str) -> None:
+    """A candidate's training run says its verdict, certified quality and truth (the view's columns)."""
+    client = mlflow.MlflowClient()
+    for key, value in ((VERDICT, verdict), (CERTIFIED, certified), (TRUTH, truth)):
+        client.set_tag(run_id, key, value)

@@ -1,0 +1,87 @@
+"""What MLflow's UI shows first: the experiment opens on its runs (its kind), its description names
+the champion and why the others are not, and the candidates view's columns are tags each candidate's
+training run carries. A real store in a temp dir; the browser test is in test_story.py."""
+from __future__ import annotations
+
+import json
+
+import mlflow
+import pandas as pd
+
+from rlhf_mlflow.steps import main_view
+from rlhf_mlflow.tracking import experiment_view as EV
+from rlhf_mlflow.tracking import registry as REG
+from rlhf_mlflow.tracking import runs as T
+
+
+def test_a_step_creates_its_experiment_as_one_the_ui_opens_on_its_runs():
+    with T.tracked_run("diagnostic", {"x": 1}) as run:
+        pass
+    tags = mlflow.MlflowClient().get_experiment(run.info.experiment_id).tags
+    assert tags[EV.KIND_TAG] == "custom_model_development"
+
+
+def test_a_kind_a_user_chose_is_kept():
+    client = mlflow.MlflowClient()
+    exp = client.create_experiment("theirs", tags={EV.KIND_TAG: "genai_development"})
+    EV.mark_kind(exp)
+    assert client.get_experiment(exp).tags[EV.KIND_TAG] == "genai_development"
+    other = client.create_experiment("bare")  # `mlflow run --experiment-name` creates it without a kind
+    EV.mark_kind(other)
+    assert client.get_experiment(other).tags[EV.KIND_TAG] == EV.KIND
+
+
+def _candidates(n: int) -> tuple[str, list[str]]:
+    """`n` training runs, each registered as a version of the policy model (the weights are not needed)."""
+    client = mlflow.MlflowClient()
+    exp = mlflow.set_experiment("rlhf_mlflow").experiment_id
+    client.create_registered_model(REG.REGISTERED_MODEL)
+    run_ids = []
+    for i in range(n):
+        with mlflow.start_run(run_name=f"cand{i}") as run:
+            run_ids.append(run.info.run_id)
+        client.create_model_version(REG.REGISTERED_MODEL, f"runs:/{run.info.run_id}/policy", run.info.run_id)
+    return exp, run_ids
+
+
+def _table() -> pd.DataFrame:
+    return pd.DataFrame([
+        {"candidate": "default-s800", "model_version": "1", "decision": "refused", "champion": False,
+         "refused_by": "family_quality, certifiable", "certified_balanced": None, "certified_lo": None,
+         "certified_hi": None, "truth_balanced": 0.342},
+        {"candidate": "corrected-kl005-s1200", "model_version": "2", "decision": "promoted", "champion": True,
+         "refused_by": "", "certified_balanced": 0.5261, "certified_lo": 0.4712, "certified_hi": 0.5764,
+         "truth_balanced": 0.518},
+        {"candidate": "kl05-s800", "model_version": "3", "decision": "promoted", "champion": False,
+         "refused_by": "", "certified_balanced": 0.31, "certified_lo": 0.30, "certified_hi": 0.33,
+         "truth_balanced": None}])
+
+
+def test_the_front_page_names_the_champion_first_and_every_other_candidate_with_its_verdict():
+    exp, run_ids = _candidates(3)
+    link = main_view.publish(_table(), exp, "mainrun", loosened=[])
+    client = mlflow.MlflowClient()
+    note = client.get_experiment(exp).tags[EV.NOTE_TAG]
+    first, *rest = note.splitlines()
+    assert first == "**Champion: v2 corrected-kl005-s1200**, certified balanced 0.526 [0.471, 0.576], true 0.518"
+    assert "- v1 default-s800: refused by family_quality, certifiable" in rest
+    assert "- v3 kl05-s800: promoted" in rest
+    assert f"[every candidate with its verdict]({link})" in note and f"#/experiments/{exp}/runs/mainrun" in note
+    # the view's columns are the tags on each candidate's run
+    view = json.loads(client.get_experiment(exp).tags[EV.VIEW_TAG_PREFIX + EV.VIEW_KEY])
+    assert link == f"#/experiments/{exp}?viewStateShareKey={EV.VIEW_KEY}"
+    assert view["runsHiddenMode"] == "SHOW_ALL"
+    shown = {c.split("`")[1] for c in view["selectedColumns"] if c.startswith("tags.")}
+    assert {EV.VERDICT, EV.CERTIFIED, EV.TRUTH} <= shown
+    tags = [client.get_run(r).data.tags for r in run_ids]
+    assert [t[EV.VERDICT] for t in tags] == ["refused v1: family_quality, certifiable", "champion v2", "promoted v3"]
+    assert [t[EV.CERTIFIED] for t in tags] == ["not certifiable", "0.526 [0.471, 0.576]", "0.310 [0.300, 0.330]"]
+    assert [t[EV.TRUTH] for t in tags] == ["0.342", "0.518", "not graded"]
+
+
+def test_without_a_champion_the_front_page_says_so_and_names_a_loosened_gate():
+    exp, _ = _candidates(3)
+    table = _table().assign(champion=False)
+    main_view.publish(table, exp, "mainrun", loosened=["min_balanced_gain=-1"])
+    first = mlflow.MlflowClient().get_experiment(exp).tags[EV.NOTE_TAG].splitlines()[0]
+    assert first.startswith("**No champion from this run**") and "NON-DEFAULT guardrails: min_balanced_gain=-1" in first
