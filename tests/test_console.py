@@ -3,6 +3,7 @@ before the arguments are parsed, progress and warnings that say whose they are, 
 the README's pandas snippet as written, from any directory."""
 from __future__ import annotations
 
+import logging
 import os
 import re
 import subprocess
@@ -55,3 +56,25 @@ def test_the_watchs_past_peak_warning_names_the_run(tiny_world, monkeypatch, cap
     (run,) = mlflow.search_runs(search_all_experiments=True, output_format="list")
     warnings = [r.getMessage() for r in caplog.records if "past its peak" in r.getMessage()]
     assert warnings and all(w.startswith(f"{run.info.run_name}: step ") for w in warnings), warnings
+
+
+
+def test_each_reference_epoch_is_printed_once(caplog):
+    """The world builder prints each SFT epoch through its progress (`  reference epoch 1/3: ...`);
+    train_sft does not log it a second time (it logs only when no one is told)."""
+    import torch
+
+    from rlhf_mlflow.core import vocab as V
+    from rlhf_mlflow.world.build import _prompt_ids
+    from rlhf_mlflow.world.reference import train_sft
+    n = 8
+    prompts = _prompt_ids(np.zeros(n, dtype=np.int64), np.zeros((n, V.N_ATTR), dtype=np.int64))
+    responses = torch.full((n, V.RESP_LEN), V.CONTENT_LO, dtype=torch.long)
+    targets = torch.full((n, V.RESP_LEN, V.N_CONTENT), 1 / V.N_CONTENT)
+    told: list[int] = []
+    with caplog.at_level(logging.INFO):
+        train_sft(prompts, responses, targets, 2, 1e-2, 4, 0, lambda epoch, epochs, loss: told.append(epoch))
+    assert told == [1, 2] and not [r for r in caplog.records if "epoch" in r.getMessage()]
+    with caplog.at_level(logging.INFO):
+        train_sft(prompts, responses, targets, 1, 1e-2, 4, 0)
+    assert [r.getMessage()[:15] for r in caplog.records] == ["sft epoch 1/1: "]

@@ -54,7 +54,7 @@ def train_sft(prompts: torch.Tensor, responses: torch.Tensor, soft_targets: torc
     The loss is the expected cross-entropy under the demonstrators' distribution soft_targets
     (N, L, C), with the sampled demonstration as the teacher-forced context: the same optimum as
     cross-entropy on sampled tokens, with far less gradient noise, so it converges in a few epochs.
-    `on_epoch(epoch, epochs, loss)` is called after each epoch (progress).
+    `on_epoch(epoch, epochs, loss)` is called after each epoch (progress); without it, each epoch is logged.
     """
     torch.manual_seed(seed)
     gen = torch.Generator().manual_seed(seed + 1)
@@ -74,7 +74,8 @@ def train_sft(prompts: torch.Tensor, responses: torch.Tensor, soft_targets: torc
             loss.backward()
             opt.step()
             sched.step()
-        log.info("sft epoch %d/%d: expected nll %.3f", epoch + 1, epochs, loss.item())
-        if on_epoch is not None:
+        if on_epoch is not None:  # the caller prints it (the world builder's progress): once
             on_epoch(epoch + 1, epochs, loss.item())
+        else:
+            log.info("sft epoch %d/%d: expected nll %.3f", epoch + 1, epochs, loss.item())
     return policy.eval()
