@@ -8,6 +8,7 @@ import os
 import re
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import mlflow
 import numpy as np
@@ -78,3 +79,20 @@ def test_each_reference_epoch_is_printed_once(caplog):
     with caplog.at_level(logging.INFO):
         train_sft(prompts, responses, targets, 1, 1e-2, 4, 0)
     assert [r.getMessage()[:15] for r in caplog.records] == ["sft epoch 1/1: "]
+
+
+def test_the_ceiling_run_prints_its_progress_under_its_name(tiny_world, tmp_path, monkeypatch, capsys):
+    """main's last training (the champion's recipe on the oracle's true reward) prints progress lines,
+    named, as the candidates do (on the default world it trains for about a minute after them)."""
+    import pandas as pd
+
+    from rlhf_mlflow.core.world_paths import WorldPaths
+    from rlhf_mlflow.steps import main as main_step
+    monkeypatch.setattr(main_step, "CEILING_PROGRESS_EVERY", 1e-9)  # a line at every report
+    champion = SimpleNamespace(version=1, tags={"recipe": "default-s800", "checkpoint_step": "4"})
+    table = pd.DataFrame({"model_version": ["1"], "truth_balanced": [0.3]})
+    with mlflow.start_run():
+        main_step._ceiling(WorldPaths(tiny_world), str(tmp_path / "out"), champion, table, 0.005, lambda m: None)
+    err = capsys.readouterr().err
+    assert re.search(r"^  oracle-reward-default-s800: step 4/4 \(\d+ s\), proxy ", err, re.M), err
+    assert table.attrs["ceiling"]["steps"] == 4

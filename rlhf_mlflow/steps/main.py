@@ -151,6 +151,11 @@ def _ceiling_if_new_champion(world: WorldPaths, out_dir: str, table: pd.DataFram
     _ceiling(world, out_dir, champion, table, steps_scale, echo)
 
 
+CEILING_PROGRESS_EVERY = 10.0
+"""Seconds between the ceiling run's progress lines (it trains for about a minute on the default world,
+after the candidates)."""
+
+
 def _ceiling(world: WorldPaths, out_dir: str, champion, table: pd.DataFrame, steps_scale: float,
              echo: Callable[[str], None]) -> None:
     """Train the champion's recipe on the oracle's true reward; report the champion's truth as a
@@ -164,7 +169,8 @@ def _ceiling(world: WorldPaths, out_dir: str, champion, table: pd.DataFrame, ste
     echo(f"ceiling: {name}'s recipe ({ov['steps']} steps) on the oracle's true reward")
     ckpt = os.path.join(out_dir, "ceiling_policy")  # main's own: an earlier main's ceiling is replaced
     run_train_rl(load_rl_config(world.config, ov), world=world, out=ckpt, run_name=f"oracle-reward-{name}",
-                 register=False, tags={"rlhf.oracle": "true"}, echo=lambda m: None, progress=False, overwrite=True)
+                 register=False, tags={"rlhf.oracle": "true"}, echo=lambda m: None, progress=CEILING_PROGRESS_EVERY,
+                 overwrite=True)
     ceiling_truth = run_grade_checkpoint(ckpt, world, run_name=f"grade-oracle-reward-{name}")["truth"]["truth/balanced"]
     champ_truth = float(table.loc[table["model_version"] == str(champion.version), "truth_balanced"].iloc[0])
     table.attrs["ceiling"] = {"recipe": name, "steps": ov["steps"], "ceiling_truth_balanced": ceiling_truth,
