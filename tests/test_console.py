@@ -96,3 +96,35 @@ def test_the_ceiling_run_prints_its_progress_under_its_name(tiny_world, tmp_path
     err = capsys.readouterr().err
     assert re.search(r"^  oracle-reward-default-s800: step 4/4 \(\d+ s\), proxy ", err, re.M), err
     assert table.attrs["ceiling"]["steps"] == 4
+
+
+def _readme_history_snippet() -> str:
+    with open(os.path.join(ROOT, "README.md")) as f:
+        blocks = re.findall(r"```python\n(.*?)```", f.read(), re.S)
+    (snippet,) = [b for b in blocks if "history.leaderboard" in b]
+    return snippet
+
+
+def test_the_readmes_pandas_snippet_runs_as_written_from_any_directory(tmp_path, tmp_path_factory):
+    """Against a real store holding a train_rl run: from a directory below the checkout, from one outside
+    it with MLFLOW_TRACKING_URI, and, in a checkout without a store, a clear error and no new ./mlflow.db."""
+    from rlhf_mlflow.tracking import runs as T
+    (tmp_path / "MLproject").write_text("name: rlhf_mlflow\n")  # tmp_path: a checkout with its store
+    with T.tracked_run("train_rl", {"kl_coef": 0.05, "steps": 20, "family_weights": ""}, run_name="kl005-s20"):
+        T.log_metrics({"train/proxy/balanced": 0.75}, step=20)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
+    below, outside, empty = tmp_path / "a" / "b", tmp_path_factory.mktemp("outside"), tmp_path_factory.mktemp("bare")
+    below.mkdir(parents=True)
+    (empty / "MLproject").write_text("name: rlhf_mlflow\n")
+    for cwd, extra in ((below, {}), (outside, {"MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path}/mlflow.db"})):
+        res = subprocess.run([sys.executable, "-c", _readme_history_snippet()], cwd=cwd, env={**env, **extra},
+                             capture_output=True, text=True)
+        assert res.returncode == 0, res.stderr
+        header, row = res.stdout.splitlines()[:2]
+        assert header.split() == ["run_name", "kl_coef", "steps", "train/proxy/balanced"], res.stdout
+        assert row.split() == ["0", "kl005-s20", "0.05", "20", "0.75"], res.stdout
+        assert not (cwd / "mlflow.db").exists()
+    res = subprocess.run([sys.executable, "-c", _readme_history_snippet()], cwd=empty, env=env,
+                         capture_output=True, text=True)
+    assert res.returncode == 1 and f"no rlhf_mlflow tracking store at {empty}/mlflow.db" in res.stderr, res.stderr
+    assert not (empty / "mlflow.db").exists()

@@ -1,20 +1,42 @@
 """Pandas over run history: a tidy per-family frame, a leaderboard, filters by recipe params.
 
-    from rlhf_mlflow import history
+    from rlhf_mlflow.tracking import history
+    history.use_project_store()                          # the checkout's mlflow.db, from any directory
     runs = history.runs(step="train_rl")                 # one row per run
     tidy = history.family_frame(runs)                     # run_id, run_name, metric, family, value
     history.leaderboard(runs, "train/proxy/balanced")    # best first, with the recipe params
 """
 from __future__ import annotations
 
+import os
+
 import pandas as pd
 
 from rlhf_mlflow.core import vocab as V
+from rlhf_mlflow.core.errors import InputError
 from rlhf_mlflow.tracking import metric_names as MN
+from rlhf_mlflow.tracking.default_experiment import project_root
 from rlhf_mlflow.tracking.runs import search_runs
 
 FAMILY_KEYS = V.FAMILIES + ["balanced", "pilot"]
 RECIPE_PARAMS = ["kl_coef", "steps", "family_weights", "reward_wrapper", "lr", "seed"]
+
+
+def use_project_store() -> str:
+    """Point MLflow at the project's store and return its URI: MLFLOW_TRACKING_URI when set, else the
+    `mlflow.db` of the rlhf_mlflow checkout at or above the current directory, else (outside any
+    checkout) of the checkout this package runs from. MLflow's own default, `sqlite:///mlflow.db`, is
+    relative to the current directory: elsewhere it would create an empty store there and find no runs."""
+    import mlflow
+    if os.environ.get("MLFLOW_TRACKING_URI"):
+        return mlflow.get_tracking_uri()
+    root = project_root() or project_root(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    store = os.path.join(root, "mlflow.db") if root else None
+    if store is None or not os.path.isfile(store):
+        raise InputError(f"no rlhf_mlflow tracking store at {store or 'or above ' + os.getcwd()}: run a step first "
+                         "(make run), or set MLFLOW_TRACKING_URI to the store that holds the runs")
+    mlflow.set_tracking_uri(f"sqlite:///{store}")
+    return mlflow.get_tracking_uri()
 
 
 def runs(step: str | None = None, filter_string: str = "", experiment_names: list[str] | None = None
@@ -61,8 +83,8 @@ def leaderboard(frame: pd.DataFrame, metric: str = MN.TRAIN + "proxy/balanced", 
     """Runs sorted by a metric, with their recipe params and balanced metrics beside it. Runs without
     the metric (a refused certification, a failed run) come last, with `note` saying why."""
     col = f"metrics.{metric}"
-    if col not in frame.columns or frame.empty:
-        return pd.DataFrame(columns=["run_name", metric])
+    if col not in frame.columns or frame.empty:  # the columns a board of such runs has, none in them
+        return pd.DataFrame(columns=["run_id", "run_name", metric, *RECIPE_PARAMS, "note"])
     keep = ["run_id", "tags.mlflow.runName", col] + [f"params.{p}" for p in RECIPE_PARAMS if f"params.{p}" in frame]
     keep += sorted(c for c in frame.columns if c.startswith("metrics.") and c.endswith("/balanced"))
     out = frame.sort_values(col, ascending=ascending, na_position="last")[list(dict.fromkeys(keep))]
