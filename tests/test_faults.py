@@ -500,13 +500,15 @@ def test_train_rl_and_certify_record_the_executed_files_hash(tiny_world, tmp_pat
                                                 dst_path=str(tmp_path / "dl"))
     assert open(local).read() == text
     version = _versions()[0]
-    assert version.tags["reward_wrapper_sha256"] == sha
+    assert version.run_id == run.info.run_id  # the version's run, whose params hold the wrapper's sha256
 
     res = _run("certify", "--model-version", version.version, "--world", tiny_world, "--correction", path)
     assert res.exit_code == 0, res.output
     (cert,) = _runs("certify")
     assert cert.data.params["correction_sha256"] == sha
-    assert mlflow.MlflowClient().get_model_version("rlhf-policy", version.version).tags["correction_sha256"] == sha
+    # the version names the certify run whose parameters hold the correction's sha256
+    assert mlflow.MlflowClient().get_model_version("rlhf-policy", version.version).tags["certification.run_id"] == \
+        cert.info.run_id
 
 
 @pytest.mark.parametrize("args,message", [

@@ -141,4 +141,4 @@ def test_mlflow_run_as_typed_on_a_fresh_clone(tmp_path, tiny_world, tracking_uri
         assert run.data.tags["rlhf.torch_cuda"] == "none"
         assert run.data.params["kl_coef"] == "0.05" and run.data.params["steps"] == "20"
     versions = client.search_model_versions("name = 'rlhf-policy'")
-    assert sorted(v.tags["run_id"] for v in versions) == sorted(r.info.run_id for r in runs)
+    assert sorted(v.run_id for v in versions) == sorted(r.info.run_id for r in runs)

@@ -11,6 +11,7 @@ from test_certify import sharpened
 
 from rlhf_mlflow.cli import cli
 from rlhf_mlflow.tracking import runs as T
+from rlhf_mlflow.tracking.registry import release_record
 from rlhf_mlflow.tracking.policy_model import REGISTERED_MODEL, log_policy
 
 # a tiny world cannot show a real certified gain, so the first release relaxes the gain thresholds
@@ -38,8 +39,8 @@ def _assert_champion_all_pass():
     champ = _champion()
     if champ is None:
         return
-    guard = {k: v for k, v in champ.tags.items() if k.startswith("guardrail.")}
-    assert guard and all(v.startswith("pass") for v in guard.values()), guard
+    guard = release_record(champ)["guardrails"]  # the release run that promoted it
+    assert guard and all(g["pass"] for g in guard.values()), guard
 
 
 def _last_run(step):
@@ -62,9 +63,9 @@ def test_release_moves_the_champion_only_on_all_pass(tiny_world, tmp_path):
     assert _run("certify", "--model-version", good, "--world", tiny_world).exit_code == 0
     cert_good = mlflow.MlflowClient().get_model_version(REGISTERED_MODEL, good).tags["certification.run_id"]
     run = mlflow.get_run(cert_good)
-    assert "certify/certified/balanced" in run.data.metrics and "certify/ess/dune" in run.data.metrics
+    assert "certify/certified/balanced" in run.data.metrics and "certify/families_certified" in run.data.metrics
     arts = {a.path for a in mlflow.MlflowClient().list_artifacts(cert_good)}
-    assert {"certification.json", "certification.md", "figures"} <= arts
+    assert {"certification.json", "certification.md", "certify_families.json", "figures"} <= arts
 
     # an unknown guardrail key: refused before anything moves
     res = _run("release", "--model-version", good, "--guardrails", "max_kl=3")
@@ -81,8 +82,9 @@ def test_release_moves_the_champion_only_on_all_pass(tiny_world, tmp_path):
     assert _run("certify", "--model-version", far, "--world", tiny_world).exit_code == 0
     res = _run("release", "--model-version", far, "--guardrails", LENIENT)
     assert res.exit_code == 0 and '"decision": "refused"' in res.output
-    tags = mlflow.MlflowClient().get_model_version(REGISTERED_MODEL, far).tags
-    assert tags["release.decision"] == "refused" and tags["guardrail.certifiable"].startswith("fail")
+    mv = mlflow.MlflowClient().get_model_version(REGISTERED_MODEL, far)
+    assert mv.tags["release.decision"] == "refused" and not release_record(mv)["guardrails"]["certifiable"]["pass"]
+    assert mv.description.startswith(f"REFUSED v{far}: certifiable (")
     assert _champion().version == good
     _assert_champion_all_pass()
 

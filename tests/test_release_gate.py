@@ -21,6 +21,7 @@ from rlhf_mlflow.cli import cli
 from rlhf_mlflow.core.process import process_tags
 from rlhf_mlflow.tracking import runs as T
 from rlhf_mlflow.tracking.policy_model import REGISTERED_MODEL, log_policy
+from rlhf_mlflow.tracking.registry import load_certification, release_record
 from rlhf_mlflow.tracking.release_lock import lock_name
 
 LENIENT = "min_balanced_gain=-1,require_significant_gain=false,min_family_change=-1"
@@ -52,7 +53,8 @@ def _certified_versions(world: str, tmp_path, factors=FACTORS) -> dict[str, floa
             _, mv = log_policy(path, tags={"recipe": f"sharpened-{f}"})
         res = _run("certify", "--model-version", mv.version, "--world", world)
         assert res.exit_code == 0, res.output
-        out[str(mv.version)] = float(_client().get_model_version(REGISTERED_MODEL, mv.version).tags["certification.balanced"])
+        cert = _client().get_model_version(REGISTERED_MODEL, mv.version).tags["certification.run_id"]
+        out[str(mv.version)] = load_certification(cert)[0]["balanced"]["estimate"]
     return out
 
 
@@ -93,8 +95,7 @@ def _forge(version: str, estimate: float, experiment: str | None = None, step: s
         mlflow.log_metrics({f"certify/certified/{g}": estimate for g in groups}, model_id=report["subject"]["model_id"])
         sha = T.log_json_artifact(report, "certification.json")
     mlflow.set_experiment("rlhf_mlflow")
-    for k, v in {"certification.run_id": run.info.run_id, "certification.sha256": sha,
-                 "certification.balanced": f"{estimate:.4f}"}.items():
+    for k, v in {"certification.run_id": run.info.run_id, "certification.sha256": sha}.items():
         _client().set_model_version_tag(REGISTERED_MODEL, version, k, v)
     return run.info.run_id
 
@@ -220,17 +221,20 @@ def race(versions: dict[str, float], rounds: int, env: dict) -> None:
         outs = [p.communicate(timeout=600)[0] for p in procs]
         assert all(p.returncode == 0 for p in procs), outs
         assert str(_champion().version) == best
-        tags = {v: client.get_model_version(REGISTERED_MODEL, v).tags for v in versions}
-        promoted = sorted((float(t["release.promoted_at"]), v) for v, t in tags.items()
-                          if t.get("release.decision") == "promoted")
+        mvs = {v: client.get_model_version(REGISTERED_MODEL, v) for v in versions}
+        records = {v: release_record(mv) for v, mv in mvs.items()}  # each version's release run's release.json
+        promoted = sorted((r["decided_at"], v) for v, r in records.items() if r["decision"] == "promoted")
         chain = [v for _, v in promoted]
         assert chain[-1] == best
         assert [versions[v] for v in chain] == sorted(versions[v] for v in chain) and len(set(chain)) == len(chain)
-        assert [tags[v]["release.previous_champion"] for v in chain] == ["none"] + chain[:-1]
-        for v, t in tags.items():
-            assert t["release.decision"] in ("promoted", "refused"), t
-            if t["release.decision"] == "refused":
-                assert t["guardrail.beats_champion"].startswith("fail"), t
+        assert [records[v]["champion_before"] for v in chain] == [None] + chain[:-1]
+        for v, mv in mvs.items():  # the alias's history on the versions: each champion it left says by whom
+            decision = mv.tags["release.decision"]
+            want = ("promoted" if v == best else f"superseded by v{chain[chain.index(v) + 1]}") if v in chain \
+                else "refused"
+            assert decision == want and mv.description.startswith(f"{decision.split()[0].upper()} v{v}"), (v, decision)
+            if decision == "refused":
+                assert not records[v]["guardrails"]["beats_champion"]["pass"], records[v]
 
 
 def _env(uri: str) -> dict:
@@ -262,7 +266,7 @@ def test_release_reads_the_min_ess_certify_ran_with(versions, tiny_world):
     assert _run("certify", "--model-version", v, "--world", tiny_world, "--min-ess", 5).exit_code == 0
     res = _run("release", "--model-version", v, "--guardrails", LENIENT)
     assert res.exit_code == 0 and '"decision": "refused"' in res.output
-    tags = _client().get_model_version(REGISTERED_MODEL, v).tags
-    assert tags["guardrail.certifiable"].startswith("fail: certified with min_ess 5, below the 10 required")
+    why = release_record(_client().get_model_version(REGISTERED_MODEL, v))["guardrails"]["certifiable"]
+    assert not why["pass"] and why["reason"].startswith("certified with min_ess 5, below the 10 required")
     res = _run("release", "--model-version", v, "--guardrails", LENIENT + ",min_ess=5")
     assert res.exit_code == 0 and '"decision": "promoted"' in res.output, res.output

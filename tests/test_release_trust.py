@@ -18,6 +18,7 @@ from rlhf_mlflow.cli import cli
 from rlhf_mlflow.steps.reports import gate_markdown
 from rlhf_mlflow.tracking import runs as T
 from rlhf_mlflow.tracking.policy_model import REGISTERED_MODEL, log_policy
+from rlhf_mlflow.tracking.registry import release_record
 
 LENIENT = ("--guardrail", "min_balanced_gain=-1", "--guardrail", "require_significant_gain=false",
            "--guardrail", "min_family_change=-1")
@@ -104,7 +105,8 @@ def test_inputs_missing_here_are_refused_unless_trusted_and_then_recorded(tiny_w
     res = _run("release", "--model-version", v, "--trust-remote-evidence", *LENIENT)
     assert res.exit_code == 0 and '"decision": "promoted"' in res.output, res.output
     mv = _client().get_model_version(REGISTERED_MODEL, v)
-    assert mv.tags["release.evidence"].startswith("provenance only (--trust-remote-evidence): not recomputed")
+    assert release_record(mv)["evidence"].startswith("provenance only (--trust-remote-evidence): not recomputed")
+    assert "Evidence: provenance only (--trust-remote-evidence): not recomputed" in mv.description
     assert "Evidence provenance only (--trust-remote-evidence)" in mv.description.splitlines()[0]
 
 
@@ -154,13 +156,17 @@ def test_a_world_is_its_manifest(tiny_world, tmp_path):
 def test_a_looser_certification_and_a_loosened_release_are_written_on_the_version(tiny_world):
     """`certify --max-khat 5` then a default release: refused (certifiable names the threshold);
     released with --guardrail max_khat=5 it passes, and the version says so in its first line and
-    its release.non_default tag; the registered model's description stays the gate's account."""
+    its release run's release.json; the registered model's description names it champion, then the gate's
+    account."""
     v = _register(os.path.join(tiny_world, "policy"))
     _certify(v, "--world", tiny_world, "--max-khat", 5)
     res = _run("release", "--model-version", v, *LENIENT)
     assert res.exit_code == 0 and '"decision": "refused"' in res.output, res.output
     mv = _client().get_model_version(REGISTERED_MODEL, v)
-    assert mv.tags["guardrail.certifiable"].startswith("fail: certified with max_khat 5, above the 0.7 required")
+    why = release_record(mv)["guardrails"]["certifiable"]
+    assert not why["pass"] and why["reason"].startswith("certified with max_khat 5, above the 0.7 required")
+    assert mv.description.startswith(f"REFUSED v{v}: certifiable (certified with max_khat 5")  # cut to fit: "…"
+    assert "- **certifiable**: certified with max_khat 5, above the 0.7 required" in mv.description  # in full
     assert _client().get_registered_model(REGISTERED_MODEL).description == gate_markdown()
     res = _run("release", "--model-version", v, *LENIENT, "--guardrail", "max_khat=5")
     assert res.exit_code == 0 and '"decision": "promoted"' in res.output, res.output
@@ -168,9 +174,10 @@ def test_a_looser_certification_and_a_loosened_release_are_written_on_the_versio
     mv = _client().get_model_version(REGISTERED_MODEL, v)
     loosened = "min_balanced_gain=-1, require_significant_gain=false, min_family_change=-1, max_khat=5, " \
                "certify.max_khat=5"
-    assert mv.tags["release.non_default"] == loosened
+    assert ", ".join(release_record(mv)["non_default"]) == loosened
     assert f"NON-DEFAULT THRESHOLDS: {loosened}." in mv.description.splitlines()[0]
-    assert _client().get_registered_model(REGISTERED_MODEL).description == gate_markdown()
+    assert _client().get_registered_model(REGISTERED_MODEL).description == gate_markdown(v, "policy")
+    assert gate_markdown(v, "policy").startswith(f"Champion: v{v} (policy)")
 
 
 @pytest.mark.slow
@@ -189,14 +196,15 @@ def test_the_champion_is_compared_only_on_the_same_expert_set(tiny_world, tmp_pa
     _certify(candidate, "--world", tiny_world, "--gold", gold)
     res = _run("release", "--model-version", candidate, *LENIENT)
     assert res.exit_code == 0 and '"decision": "refused"' in res.output, res.output
-    why = _client().get_model_version(REGISTERED_MODEL, candidate).tags["guardrail.beats_champion"]
-    assert why.startswith("fail: cannot compare with the champion") and "same expert set" in why
+    why = release_record(_client().get_model_version(REGISTERED_MODEL, candidate))["guardrails"]["beats_champion"]
+    assert not why["pass"] and why["reason"].startswith("cannot compare with the champion")
+    assert "same expert set" in why["reason"]
     assert _client().get_model_version_by_alias(REGISTERED_MODEL, "champion").version == champion
     # the champion certified (and so recomputed) on the candidate's expert set: now they compare, and
     # the alias moves exactly when the candidate's certification beats the champion's on that set
     _certify(champion, "--world", tiny_world, "--gold", gold)
     _run("release", "--model-version", candidate, *LENIENT)
-    why = _client().get_model_version(REGISTERED_MODEL, candidate).tags["guardrail.beats_champion"]
-    assert why.split(": ", 1)[1].startswith("certified balanced"), why
+    why = release_record(_client().get_model_version(REGISTERED_MODEL, candidate))["guardrails"]["beats_champion"]
+    assert why["reason"].startswith("certified balanced"), why
     now = _client().get_model_version_by_alias(REGISTERED_MODEL, "champion").version
-    assert now == (candidate if why.startswith("pass") else champion), (now, why)
+    assert now == (candidate if why["pass"] else champion), (now, why)

@@ -21,6 +21,7 @@ from conftest import copy_store, store_made_once
 from rlhf_mlflow.cli import cli
 from rlhf_mlflow.core import vocab as V
 from rlhf_mlflow.decisions.guardrails import NAMES as GUARDRAILS
+from rlhf_mlflow.tracking.registry import release_record
 from rlhf_mlflow.tracking.server import free_port
 
 README = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md")
@@ -105,27 +106,33 @@ def test_each_version_says_its_verdict_and_the_main_run_names_the_champion(story
     client = mlflow.MlflowClient()
     versions = client.search_model_versions("name = 'rlhf-policy'")
     assert len(versions) == 7
+    champion = client.get_model_version_by_alias("rlhf-policy", "champion")
     for v in versions:
-        decision = v.tags["release.decision"]
-        assert v.description.startswith(f"{decision.upper()} (version {v.version})"), v.description
-        for name in GUARDRAILS:  # every failing guardrail on a line of its own, none that passed
-            failed = v.tags[f"guardrail.{name}"].startswith("fail")
+        decision, record = v.tags["release.decision"], release_record(v)  # record: its release run's release.json
+        assert len(v.tags) <= 8, v.tags  # the registry page reads at a glance
+        first = v.description.splitlines()[0]  # what the registry's list shows
+        assert first.startswith(f"{decision.split()[0].upper()} v{v.version}") and len(first) <= 160, v.description
+        assert decision.startswith("superseded by v") == (record["decision"] == "promoted"
+                                                          and str(v.version) != str(champion.version))
+        for name in GUARDRAILS:  # every failing guardrail on a line of its own and named on the first, none that passed
+            failed = not record["guardrails"][name]["pass"]
             assert (f"- **{name}**:" in v.description) == failed, (v.version, name, v.description)
+            assert not failed or name in first
         train_run = mlflow.get_run(v.run_id)
         assert train_run.data.tags["rlhf.release_decision"] == decision
         model_id = mlflow.models.get_model_info(f"models:/rlhf-policy/{v.version}").model_id
         assert client.get_logged_model(model_id).name == v.tags["recipe"]
-    assert "beats_champion" in client.get_registered_model("rlhf-policy").description
+    gate = client.get_registered_model("rlhf-policy").description
+    assert "beats_champion" in gate and gate.startswith(f"Champion: v{champion.version} ({champion.tags['recipe']})")
     (main,) = [r for r in _runs() if r.data.tags["rlhf.step"] == "main"]
     description = main.data.tags["mlflow.note.content"]
-    champion = client.get_model_version_by_alias("rlhf-policy", "champion")
     assert f"**Champion: version {champion.version} ({champion.tags['recipe']})**" in description
     # the loosened gate is on top of the story, on the main run and on every version it released
     loosened = "min_balanced_gain=-1, require_significant_gain=false"
     assert description.startswith(f"**Released under non-default guardrails: {loosened}**")
     assert main.data.tags["rlhf.non_default"] == loosened
-    assert all(v.tags["release.non_default"] == loosened and f"NON-DEFAULT THRESHOLDS: {loosened}." in v.description
-               for v in versions)
+    assert all(", ".join(release_record(v)["non_default"]) == loosened
+               and f"NON-DEFAULT THRESHOLDS: {loosened}." in v.description for v in versions)
     assert "main/champion_certified_balanced" in main.data.metrics
     assert max(len(line) for line in description.splitlines()) < 140  # reads without scrolling
     for cert in (r for r in _runs() if r.data.tags["rlhf.step"] == "certify"):
@@ -199,7 +206,7 @@ def test_the_mlflow_ui_shows_champion_verdicts_and_the_story(mlflow_ui, tmp_path
     assert refused, "the story needs refused versions"
     registry = _page(f"{mlflow_ui}/#/models/rlhf-policy", str(tmp_path / "registry.png"))
     assert "@champion" in registry  # the alias on the registry page
-    assert registry.count("REFUSED (version") == len(refused)  # each verdict in the versions' Description column
+    assert sum(f"REFUSED v{v.version}:" in registry for v in refused) == len(refused)  # the Description column
     page = _page(f"{mlflow_ui}/#/models/rlhf-policy/versions/{refused[0].version}",
                  str(tmp_path / f"version-{refused[0].version}.png"))
     assert "Failed:" in page and any(f"<strong>{g}</strong>:" in page for g in GUARDRAILS)  # rendered markdown

@@ -46,7 +46,7 @@ def test_train_rl_run_logs_family_curves_checkpoints_and_registers(tiny_world):
     assert run.inputs.dataset_inputs and run.inputs.dataset_inputs[0].dataset.name == "prompts_train.jsonl"
 
     version = client.get_model_version("rlhf-policy", "1")
-    assert version.tags["run_id"] == run.info.run_id and version.tags["recipe"] == "tiny"
+    assert version.run_id == run.info.run_id and version.tags["recipe"] == "tiny"
     assert version.tags["world_hash"] == run.data.params["world_hash"]
     model = mlflow.pyfunc.load_model("models:/rlhf-policy/1")
     out = model.predict(pd.DataFrame({"id": ["a", "b"], "family": ["dune", "anvil"], "attrs": [[1, 2, 3, 4], [0] * 4]}))

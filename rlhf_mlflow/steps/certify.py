@@ -1,8 +1,8 @@
 """The `certify` step: a policy's true quality per family, estimated off-policy from the expert set
 (decisions/certify.py), as an MLflow run: `certify/certified/<family>` with its interval, gain and
 ESS, every other number in one table per family, a markdown report and a figure, linked to the
-version's LoggedModel. The version is tagged with the run, its report's sha256 and its balanced
-estimate, last, so a failure leaves it untagged."""
+version's LoggedModel. The version is tagged with the run and its report's sha256, last, so a failure
+leaves it untagged (the labels it used and the correction's sha256 are the run's metric and params)."""
 from __future__ import annotations
 
 import math
@@ -21,7 +21,7 @@ from rlhf_mlflow.decisions import certify as C
 from rlhf_mlflow.decisions.label_requests import check_labels
 from rlhf_mlflow.steps.figures import certification_plot
 from rlhf_mlflow.steps.outputs import check_out
-from rlhf_mlflow.steps.reports import certification_markdown
+from rlhf_mlflow.steps.reports import certification_markdown, rounded
 from rlhf_mlflow.tracking import metric_names as MN
 from rlhf_mlflow.tracking import registry as REG
 from rlhf_mlflow.tracking import runs as T
@@ -74,8 +74,9 @@ def certification_metrics(report: dict) -> dict:
 
 
 def certification_table(report: dict) -> pd.DataFrame:
-    """One row per family (then balanced, pilot): every number certify computed, and why it refused."""
-    rows = [{"family": f, **{c: r.get(c) for c in TABLE_COLUMNS}} for f, r in _groups(report).items()]
+    """One row per family (then balanced, pilot): every number certify computed (to 4 decimals: the
+    report holds them in full), and why it refused."""
+    rows = [{"family": f, **{c: rounded(r.get(c)) for c in TABLE_COLUMNS}} for f, r in _groups(report).items()]
     return pd.DataFrame(rows, columns=["family", *TABLE_COLUMNS])
 
 
@@ -121,10 +122,7 @@ def run_certify(version: str | None = None, policy: str | None = None, world: Wo
         _log_report(report, model_id, labels, out)
         sha = T.log_json_artifact(report, REG.CERT_ARTIFACT)
         if version:  # last: a failure above leaves the version untagged
-            REG.set_tags(version, {"certification.run_id": run.info.run_id, "certification.sha256": sha,
-                                   "certification.balanced": REG.balanced_tag(report),
-                                   "expert_labels.total": str(len(labels)),
-                                   **({"correction_sha256": wrapper.sha256} if wrapper else {})})
+            REG.set_tags(version, {"certification.run_id": run.info.run_id, "certification.sha256": sha})
         T.set_tags({"rlhf.summary": _short_summary(report)})  # what `rlhf-mlflow runs` shows beside the run
         echo(_summary_line(report, version))
     return {"run_id": run.info.run_id, "report": report}

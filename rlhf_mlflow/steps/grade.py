@@ -19,7 +19,6 @@ def run_grade(version: str, world: WorldPaths, n: int = 4, echo: Callable[[str],
     policy_dir, model_id = REG.download_policy(version)
     out = run_grade_checkpoint(policy_dir, world, n, model_id=model_id, run_name=f"grade-v{version}",
                                params={"model_version": version})
-    REG.set_tags(version, {"grade.run_id": out["run_id"]})
     echo(f"grade version {version}: truth/balanced {out['truth']['truth/balanced']:.3f}")
     return out
 

@@ -56,8 +56,8 @@ def run_label_requests(version: str, world: WorldPaths, families: str = "auto", 
         sha = T.log_bytes(raw, ARTIFACT)
         T.log_metrics({f"requests/{f}": sum(r["family"] == f for r in requests) for f in chosen}
                       | {"requests/total": len(requests)})
-        REG.set_tags(mv.version, {"label_requests.run_id": run.info.run_id, "label_requests.sha256": sha,
-                                  "label_requests.families": ",".join(chosen)})
+        T.log_params({REG.LABEL_REQUESTS_SHA256: sha})  # a run's parameter cannot change once logged
+        REG.set_tags(mv.version, {"label_requests.run_id": run.info.run_id})
     echo(f"label requests for version {mv.version}: {len(requests)} ({', '.join(chosen) or 'no family'}) -> "
          f"{os.path.abspath(out)}")
     return {"run_id": run.info.run_id, "requests": len(requests), "families": chosen}

@@ -1,6 +1,6 @@
 """`main`'s summary table, built with pandas from the runs and registry versions a `main` run made:
-per candidate its dev proxy, certified balanced quality and interval, every guardrail, the release
-decision and the oracle's truth."""
+per candidate its dev proxy, certified balanced quality and interval, the expert labels its certify run
+used, every guardrail (its release run's release.json), the release decision and the oracle's truth."""
 from __future__ import annotations
 
 import pandas as pd
@@ -40,14 +40,12 @@ def summary_table(parent_run_id: str) -> pd.DataFrame:
                "certified_balanced": latest("certify", v.version, f"metrics.{MN.CERTIFY}certified/balanced"),
                "certified_lo": latest("certify", v.version, f"metrics.{MN.CERTIFY}certified_lo/balanced"),
                "certified_hi": latest("certify", v.version, f"metrics.{MN.CERTIFY}certified_hi/balanced")}
-        tags = REG.get_version(v.version).tags
-        row["labels"] = int(tags.get("expert_labels.total") or 0)
-        for k, val in sorted(tags.items()):
-            if k.startswith("guardrail."):
-                row[k.split(".", 1)[1]] = val.split(":", 1)[0]
-        row["refused_by"] = ", ".join(k.split(".", 1)[1] for k, val in sorted(tags.items())
-                                      if k.startswith("guardrail.") and val.startswith("fail"))
-        row["decision"] = tags.get("release.decision")
+        mv = REG.get_version(v.version)
+        row["labels"] = int(latest("certify", v.version, f"metrics.{MN.CERTIFY}policy_labels/total") or 0)
+        guardrails = REG.release_record(mv).get("guardrails", {})  # its release run's release.json
+        row.update({k: ("pass" if g["pass"] else "fail") for k, g in guardrails.items()})
+        row["refused_by"] = ", ".join(k for k, g in guardrails.items() if not g["pass"])
+        row["decision"] = mv.tags.get("release.decision")
         row["champion"] = champion is not None and str(champion.version) == str(v.version)
         row["truth_balanced"] = latest("grade", v.version, "metrics.truth/balanced")
         rows.append(row)

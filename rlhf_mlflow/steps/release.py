@@ -3,7 +3,9 @@
 The certification is verified before anything else (its provenance in tracking/registry.py, then
 recomputed from its inputs where they are on this machine); the champion read, the guardrails and the
 alias move then happen under the registry's release lock (tracking/release_lock.py), so concurrent
-releases decide one after another. Every result is written as a version tag before the alias moves."""
+releases decide one after another. The decision is on the version (tags `release.decision`,
+`release.run_id`) before the alias moves; the champion it replaced then says superseded, and the
+descriptions are written, still under the lock."""
 from __future__ import annotations
 
 import os
@@ -19,6 +21,7 @@ from rlhf_mlflow.decisions import guardrails as G
 from rlhf_mlflow.steps.reports import (
     gate_markdown,
     release_markdown,
+    superseded_markdown,
     verdict_markdown,
 )
 from rlhf_mlflow.tracking import metric_names as MN
@@ -32,9 +35,10 @@ def run_release(version: str, certification_run: str | None = None, guardrails: 
     """Evaluate the guardrails for `version`; promote it to champion only if every one passes.
 
     The certification is checked before anything else (provenance, then recomputed from its inputs;
-    inputs not on this machine are refused unless `trust_remote`); the champion read, the guardrails
-    and the alias move then happen under the registry's release lock, so concurrent releases decide
-    one after another. Thresholds other than the defaults are written on the version."""
+    inputs not on this machine are refused unless `trust_remote`); the champion read, the guardrails,
+    the alias move, the superseded champion and the descriptions then happen under the registry's
+    release lock, so concurrent releases decide one after another. Thresholds other than the defaults
+    are written on the version's description."""
     cfg = G.GuardrailConfig.from_dict(guardrails or {})
     params = {"model_version": version, "certification_run": certification_run, "trust_remote_evidence": trust_remote,
               **{f"guardrail.{k}": v for k, v in cfg.to_dict().items()}}
@@ -44,6 +48,8 @@ def run_release(version: str, certification_run: str | None = None, guardrails: 
         evidence = recompute_certification(report, mv, cert_run, trust_remote)
         echo(f"release version {mv.version}: certification {cert_run} {evidence}")
         loosened = G.non_default(cfg, report.get("config"))
+        pinned = {REG.PINNED[0]: cert_run, REG.PINNED[1]: mv.tags.get("certification.sha256", "")}
+        T.log_params(pinned)  # what the champion is compared by: a run's parameters cannot change
         with ReleaseLock(REG.REGISTERED_MODEL, run.info.run_id, wait_seconds=lock_wait) as lock:
             current = REG.champion_version()
             is_champion = current is not None and current.version == mv.version
@@ -61,21 +67,18 @@ def run_release(version: str, certification_run: str | None = None, guardrails: 
             T.log_json_artifact({"model_version": mv.version, "certification_run": cert_run, "evidence": evidence,
                                  "decision": decision, "champion_before": before, "non_default": loosened,
                                  "guardrails": {k: {"pass": ok, "reason": why} for k, (ok, why) in results.items()},
-                                 "config": cfg.to_dict()}, "release.json")
+                                 "config": cfg.to_dict(), "decided_at": round(time.time(), 3),
+                                 "certification_sha256": pinned[REG.PINNED[1]]}, "release.json")
             lock.check()
-            # every result is on the version before the alias can move
-            REG.set_tags(mv.version, {**{f"guardrail.{k}": f"{'pass' if ok else 'fail'}: {why}"
-                                         for k, (ok, why) in results.items()},
-                                      "release.decision": "promoting" if passed else "refused",
-                                      "release.run_id": run.info.run_id, "release.evidence": evidence,
-                                      "release.non_default": ", ".join(loosened) or "none",
-                                      "release.certification_run_id": cert_run,
-                                      "release.certification_sha256": mv.tags.get("certification.sha256", "")})
+            # the decision is on the version before the alias can move
+            REG.set_tags(mv.version, {"release.decision": "promoting" if passed else "refused",
+                                      "release.run_id": run.info.run_id})
             if passed:
                 REG.move_champion(mv.version)
-                REG.set_tags(mv.version, {"release.decision": "promoted", "release.previous_champion": before or "none",
-                                          "release.promoted_at": f"{time.time():.3f}"})
-        _describe(mv, results, decision, report, loosened, evidence)
+                REG.set_tags(mv.version, {"release.decision": "promoted"})
+                _supersede(mv.version, before)
+            _describe(mv, results, decision, report, loosened, evidence, _links(run, cert_run),
+                      mv if passed else current)
         failed = [k for k, (ok, _) in results.items() if not ok]
         echo(f"release version {mv.version}: {decision}" + (f" (failed: {', '.join(failed)})" if failed else
                                                             " -> models:/rlhf-policy@champion")
@@ -92,8 +95,7 @@ def _champion_report(champion, candidate: dict, trust_remote: bool) -> dict:
     promoted = REG.champion_certification(champion)
     wanted = G.expert_set_sha256(candidate)
     latest = champion.tags.get("certification.run_id")
-    if G.expert_set_sha256(promoted) == wanted or not latest or \
-            latest == champion.tags.get("release.certification_run_id"):
+    if G.expert_set_sha256(promoted) == wanted or not latest or latest == REG.pinned_certification(champion)[0]:
         return promoted
     run_id, report = REG.certification_for(champion, latest)
     if G.expert_set_sha256(report) != wanted:
@@ -102,12 +104,37 @@ def _champion_report(champion, candidate: dict, trust_remote: bool) -> dict:
     return report
 
 
-def _describe(mv, results: dict, decision: str, report: dict, loosened: list[str], evidence: str) -> None:
+def _supersede(champion: str, before: str | None) -> None:
+    """Right after the alias moved to `champion` (under the release lock): every other version that
+    still says promoted says superseded, by `champion` when it is the one the alias left, else naming
+    today's champion; its description keeps the verdict it was promoted on below that."""
+    for v in REG.versions_promoted():
+        if str(v.version) == str(champion):
+            continue
+        direct = before is not None and str(v.version) == str(before)
+        decision = f"superseded by v{champion}" if direct else f"superseded (champion now v{champion})"
+        REG.set_tags(v.version, {"release.decision": decision})
+        REG.describe(v.version, superseded_markdown(v.version, champion, v.description, direct))
+        if v.run_id:
+            T.tag_run(v.run_id, {"rlhf.release_decision": decision})
+
+
+def _links(release_run, cert_run: str) -> list[str]:
+    """Markdown links to the certify run and the release run (the UI's own `#/` routes)."""
+    cert = T.get_run(cert_run)
+    return [f"Certification: [{cert.info.run_name}](#/experiments/{cert.info.experiment_id}/runs/{cert_run})",
+            f"release: [{release_run.info.run_name}](#/experiments/{release_run.info.experiment_id}/runs/"
+            f"{release_run.info.run_id})"]
+
+
+def _describe(mv, results: dict, decision: str, report: dict, loosened: list[str], evidence: str,
+              links: list[str], champion) -> None:
     """Where people look: the verdict on the version's description (with any non-default threshold and
-    evidence not recomputed) and on its training run's tags; the registered model's description is
-    the gate's account, the same whichever release wrote it."""
-    REG.describe(mv.version, verdict_markdown(mv.version, results, decision, report, loosened, evidence))
-    REG.describe(None, gate_markdown())
+    evidence not recomputed) and on its training run's tags; the registered model's description names
+    the champion, then the gate's account."""
+    REG.describe(mv.version, verdict_markdown(mv.version, results, decision, report, loosened, evidence, links))
+    REG.describe(None, gate_markdown(champion.version if champion else None,
+                                     champion.tags.get("recipe") if champion else None))
     if mv.run_id:
         T.tag_run(mv.run_id, {"rlhf.release_decision": decision, "rlhf.model_version": str(mv.version)})
 

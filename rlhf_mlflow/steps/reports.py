@@ -2,6 +2,8 @@
 version's description), the guardrails (the registered model's) and main's story (its run's)."""
 from __future__ import annotations
 
+import re
+
 import pandas as pd
 
 from rlhf_mlflow.decisions.guardrails import GuardrailConfig
@@ -12,29 +14,57 @@ def _n(x, fmt=".3f") -> str:
 
 
 def certification_markdown(report: dict) -> str:
-    head = ("| family | certified | 90% interval | reference | gain | gain interval | ESS | pop. ESS | k-hat | max w | "
-            "KL | status |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+    """One short row per group, the mixes (balanced, pilot) first: the certified number with its 90%
+    interval, the gain over the reference, the family's KL, which evidence certified it, and why not
+    (every other number is in the run's certification_table.json)."""
+    head = "| | certified [90%] | gain [90%] | KL | certified by | status |\n|---|---|---|---|---|---|\n"
     lines = []
-    for f, r in report["families"].items():
-        lines.append(f"| {f} | {_n(r['estimate'])} | {_interval(r)} | {r['reference']:.3f} | {_n(r['gain'], '+.3f')} | "
-                     f"{_interval(r, 'gain_')} | {r['ess']:.1f} | {r['pop_ess']:.1f} | {r['khat']:.2f} | "
-                     f"{r['max_weight_share']:.2f} | {r['kl']:.2f} | {r['reason']} |")
     for agg in ("balanced", "pilot"):
         if agg in report:
             r = report[agg]
-            lines.append(f"| **{agg}** | {_n(r['estimate'])} | {_interval(r)} | {r['reference']:.3f} | "
-                         f"{_n(r['gain'], '+.3f')} | {_interval(r, 'gain_')} | | | | | | {r['reason']} |")
+            lines.append(f"| **{agg}** | {_certified(r)} | {_gain(r)} | | families' mix | {r['reason']} |")
+    for f, r in report["families"].items():
+        lines.append(f"| {f} | {_certified(r)} | {_gain(r)} | {r['kl']:.2f} | {evidence_words(r)} | {r['reason']} |")
     subject = report.get("subject", {})
     title = f"# Certification of {subject.get('registered_model', 'policy')} version {subject.get('model_version', '?')}\n\n"
-    method = report["families"][next(iter(report["families"]))]["method"] if report["families"] else "?"
-    about = (f"Estimator: {method}; intervals: seeded bootstrap over the expert rows; "
-             "pop. ESS = n / E_pi[w] from the policy's own samples.\n\n")
+    about = ("Expert set: doubly-robust off-policy estimate from the labelled reference samples (a seeded "
+             "bootstrap interval); ESS = its effective sample size. Expert labels: PPI++ on labels of the "
+             "policy's own answers. Every number: certification_table.json.\n\n")
     return title + about + head + "\n".join(lines) + "\n"
 
 
-def _interval(r: dict, prefix: str = "") -> str:
+def evidence_words(row: dict) -> str:
+    """Which evidence certified a family: the expert set (off-policy, with its ESS) or expert labels
+    on the policy's own samples (with their number); "none" when neither could."""
+    if row.get("method") == "ppi":
+        return f"expert labels on own samples (n={row.get('labels')})"
+    if not row.get("certifiable"):
+        return "none"
+    return f"expert set (off-policy, ESS {row['ess']:.0f})"
+
+
+def _certified(r: dict) -> str:
+    return "—" if r.get("estimate") is None else f"{r['estimate']:.3f} {_interval(r)}"
+
+
+def _gain(r: dict) -> str:
+    return "—" if r.get("gain") is None else f"{r['gain']:+.3f} {_interval(r, 'gain_', '+.3f')}"
+
+
+def _interval(r: dict, prefix: str = "", fmt: str = ".3f") -> str:
     lo, hi = r.get(prefix + "lo"), r.get(prefix + "hi")
-    return "—" if lo is None else f"[{lo:.3f}, {hi:.3f}]"
+    return "—" if lo is None else f"[{lo:{fmt}}, {hi:{fmt}}]"
+
+
+def rounded(value, digits: int = 4):
+    """A number as a table shows it (4 decimals; nested lists and dicts too), anything else as it is."""
+    if isinstance(value, float):
+        return value if value != value or value in (float("inf"), float("-inf")) else round(value, digits)
+    if isinstance(value, (list, tuple)):
+        return [rounded(v, digits) for v in value]
+    if isinstance(value, dict):
+        return {k: rounded(v, digits) for k, v in value.items()}
+    return value
 
 
 def release_markdown(version: str, results: dict, decision: str, champion: str | None) -> str:
@@ -43,40 +73,81 @@ def release_markdown(version: str, results: dict, decision: str, champion: str |
             f"Champion before: {champion or 'none'}\n\n| guardrail | result | reason |\n|---|---|---|\n{rows}\n")
 
 
+FIRST_LINE = 100
+"""How long a version description's first line may grow: the registry's list shows only that line."""
+
+
 def verdict_markdown(version, results: dict, decision: str, report: dict, loosened: list[str] = (),
-                     evidence: str = "recomputed") -> str:
-    """The release verdict a model version's description holds: the decision, the certified balanced
-    quality with its interval, any threshold that was not the default and evidence release did not
-    recompute, then each failing guardrail on a line of its own."""
-    b = report["balanced"]
-    certified = (f"certified balanced {b['estimate']:.3f} [{b['lo']:.3f}, {b['hi']:.3f}], gain {b['gain']:+.3f} "
-                 f"over the reference" if b.get("certifiable") else "balanced quality not certifiable")
+                     evidence: str = "recomputed", links: list[str] = ()) -> str:
+    """A model version's description. The first line stands alone (the registry's list shows only
+    it): the decision, the failing guardrails in brief (or the certified balanced quality), any
+    non-default threshold and evidence release did not recompute. Then the certified balanced quality,
+    each failing guardrail in full on a line of its own, the ones that passed, and `links` (markdown)."""
     failing = [(k, why) for k, (ok, why) in results.items() if not ok]
-    head = f"{decision.upper()} (version {version}): {certified}."  # plain: the registry's list shows it raw
-    if loosened:
-        head += f" NON-DEFAULT THRESHOLDS: {', '.join(loosened)}."
+    flags = (f" NON-DEFAULT THRESHOLDS: {', '.join(loosened)}." if loosened else "") \
+        + (f" Evidence {evidence.split(':')[0]}." if evidence != "recomputed" else "")
+    b = report["balanced"]
+    if failing:
+        summary = ", ".join(f"{k} ({_brief(k, why, report)})" for k, why in failing)
+    else:
+        summary = (f"certified balanced {b['estimate']:.3f} {_interval(b)}, gain {b['gain']:+.3f}"
+                   if b.get("certifiable") else "every guardrail passed")
+    head = f"{decision.upper()} v{version}: "  # plain: the registry's list shows it raw
+    lines = [head + _cut(summary, max(FIRST_LINE - len(head) - len(flags), 60)) + flags, ""]
+    lines.append(f"Certified balanced {b['estimate']:.3f} {_interval(b)}, gain {b['gain']:+.3f} "
+                 f"{_interval(b, 'gain_', '+.3f')} over the reference {b['reference']:.3f}." if b.get("certifiable")
+                 else f"Balanced quality not certifiable ({b['reason']}).")
     if evidence != "recomputed":
-        head += f" Evidence {evidence}."
-    if not failing:
-        return head + (f" Every guardrail passed ({', '.join(results)})" + (" under those thresholds." if loosened
-                                                                               else "."))
-    return head + "\n\nFailed:\n" + "\n".join(f"- **{k}**: {_short(why)}" for k, why in failing)
+        lines += ["", f"Evidence: {evidence}."]
+    if failing:
+        lines += ["", "Failed:"] + [f"- **{k}**: {why}" for k, why in failing]
+    passed = [k for k, (ok, _) in results.items() if ok]
+    lines += ["", (f"Passed: {', '.join(passed)}" if failing else f"Every guardrail passed: {', '.join(passed)}")
+              + (" (under the non-default thresholds above)." if loosened else ".")]
+    return "\n".join(lines + (["", " · ".join(links)] if links else [])) + "\n"
 
 
-def _short(text: str, limit: int = 160) -> str:
-    return text if len(text) <= limit else text[:limit - 1].rstrip() + "…"
+def superseded_markdown(version, champion, previous: str | None, direct: bool) -> str:
+    """A promoted version's description once the alias has moved on: SUPERSEDED (by the version that
+    replaced it, or naming today's champion when that is not known), then the verdict it was promoted on."""
+    by = f"by v{champion}" if direct else f"(champion now v{champion})"
+    return (f"SUPERSEDED v{version} {by}: no longer the champion; the verdict it was promoted on follows.\n\n"
+            f"Was: {previous or '(no verdict recorded)'}")
 
 
-def gate_markdown() -> str:
-    """The registered model's description: what `@champion` means and the gate behind it, with the
-    default thresholds (a release under other thresholds says so on its version: description and
-    `release.non_default` tag)."""
+def _brief(name: str, why: str, report: dict) -> str:
+    """A failing guardrail's reason in a few words, for the description's first line."""
+    weak = [(f, r["reason"]) for f, r in report["families"].items() if not r["certifiable"]]
+    if name == "certifiable" and weak:
+        return ", ".join(f"{f}: {re.sub(r' of [0-9].*', '', why_f.split(';')[0])}" for f, why_f in weak)
+    if name == "certifiable" or name == "balanced_gain" and "not certifiable" in why:
+        return why.split(":")[0] if name == "certifiable" else "not certifiable"
+    if why.startswith("cannot compare"):
+        return "cannot compare: " + ("another expert set" if "expert set" in why else "no balanced estimate")
+    for long, short in (("worse than the reference: ", ""), ("change unknown: ", "unknown: "),
+                        ("collapse onto flagged shortcuts: ", ""), ("balanced gain ", "gain "),
+                        ("certified balanced ", "")):
+        why = why.replace(long, short)
+    return why
+
+
+def _cut(text: str, limit: int) -> str:
+    """`text`, or its words up to `limit` characters and "…" (the full text follows on later lines)."""
+    return text if len(text) <= limit else text[:limit - 1].rsplit(" ", 1)[0].rstrip(",;") + "…"
+
+
+def gate_markdown(champion=None, recipe: str | None = None) -> str:
+    """The registered model's description: the champion on its first line (the version and its recipe,
+    or that there is none), then what `@champion` means and the gate behind it, with the default
+    thresholds (a release under other thresholds says so on its version's description)."""
     cfg = GuardrailConfig()
-    return ("Policies trained by rlhf_mlflow. `@champion` is moved only by `rlhf-mlflow release`, when every "
+    first = (f"Champion: v{champion} ({recipe}), `models:/rlhf-policy@champion`. Each version's description "
+             "says why it is or is not the champion." if champion is not None else
+             "No champion yet: no version has passed every guardrail.")
+    return (first + "\n\nPolicies trained by rlhf_mlflow. `@champion` is moved only by `rlhf-mlflow release`, when every "
             "guardrail passes on a certification the release checked and recomputed itself from its inputs "
             "(evidence whose inputs are missing, changed or not the certify run's own is refused). Each version's "
-            "description holds its verdict, and names any threshold that was not the default "
-            "(tag `release.non_default`). The guardrails, at their default thresholds:\n\n"
+            "description holds its verdict, and names any threshold that was not the default. The guardrails, at their default thresholds:\n\n"
             f"- **certifiable**: every family certified from the expert set (ESS >= {cfg.min_ess:g}, k-hat <= "
             f"{cfg.max_khat:g}) or from >= {cfg.min_labels} expert labels on the policy's own answers, at certify's "
             "default interval level and widenings\n"
@@ -96,7 +167,7 @@ def story_markdown(table) -> str:
     if len(champ):
         c = champ.iloc[0]
         head = (f"**Champion: version {c['model_version']} ({c['candidate']})**,\ncertified balanced "
-                f"{_certified(c)}, oracle truth {_n(c['truth_balanced'])}.")
+                f"{_story_certified(c)}, oracle truth {_n(c['truth_balanced'])}.")
     else:
         head = "**No champion**: no candidate passed every guardrail."
     c = table.attrs.get("ceiling")
@@ -104,13 +175,13 @@ def story_markdown(table) -> str:
         head += (f"\nIts truth is {c['fraction']:.0%} of what its recipe reaches on the true reward "
                  f"({c['ceiling_truth_balanced']:.3f}, the ceiling).")
     rows = [{"decision": r["decision"], "candidate": r["candidate"], "v": r["model_version"],
-             "certified (90%)": _certified(r), "labels": r["labels"], "refused by": r.get("refused_by") or "",
+             "certified (90%)": _story_certified(r), "labels": r["labels"], "refused by": r.get("refused_by") or "",
              "truth": r["truth_balanced"]} for _, r in table.iterrows()]
     return head + "\n\n" + markdown_table(pd.DataFrame(rows, columns=["decision", "candidate", "v", "certified (90%)",
                                                                      "labels", "refused by", "truth"]))
 
 
-def _certified(row) -> str:
+def _story_certified(row) -> str:
     est, lo, hi = row["certified_balanced"], row["certified_lo"], row["certified_hi"]
     if est is None or est != est:
         return "not certifiable"

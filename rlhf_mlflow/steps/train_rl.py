@@ -233,10 +233,9 @@ def _register(job: Job, saved: list[tuple[int, str]], last: int, select, echo: C
     """Register the checkpoint `select` picks (the final one by default) as a new version."""
     step = last if select is None else select(saved)
     T.set_tags({"rlhf.registered_step": str(step)})
-    version_tags = {"run_id": job.run_id, "recipe": job.recipe, "world_hash": job.world_hash,
-                    "checkpoint_step": str(step)}
-    if job.wrapper:
-        version_tags["reward_wrapper_sha256"] = job.wrapper.sha256
+    # few tags (the registry's page shows them on every row): the run (the version's own run_id) holds
+    # the rest, the reward wrapper's sha256 among its params
+    version_tags = {"recipe": job.recipe, "world_hash": job.world_hash, "checkpoint_step": str(step)}
     with tempfile.TemporaryDirectory() as tmp:  # the checkpoint without the watch's files (not the model's)
         policy_dir = os.path.join(tmp, os.path.basename(dict(saved)[step]))
         shutil.copytree(dict(saved)[step], policy_dir, ignore=shutil.ignore_patterns(*WATCH_FILES, CK.MANIFEST))

@@ -1,14 +1,17 @@
 """The model registry side of certification and release: which certification belongs to which
-version, guardrail results as version tags, and the `champion` alias.
+version, the release decision on the version, and the `champion` alias.
 
-Tags on a version of `rlhf-policy`:
+A version of `rlhf-policy` carries few tags (the registry's page shows them all on every row); what a
+release decided in full is its description (markdown) and its release run's `release.json`:
+  recipe, world_hash       written when it is registered (train_rl)
   certification.run_id     the certify run whose `certification.json` covers exactly this version
   certification.sha256     sha256 of that artifact's bytes, as the certify run logged it
-  certification.balanced   its certified balanced estimate ("refused" when it gave none)
-  guardrail.<name>         "pass: <reason>" or "fail: <reason>", written by release
-  release.decision         "refused", "promoting" (moving the alias) or "promoted"; release.run_id the
-                           release run; release.certification_run_id / _sha256 the evidence it used;
-                           release.previous_champion the version it replaced
+  release.decision         "refused", "promoting" (moving the alias), "promoted", or "superseded by vN"
+                           once the alias moved on to version N
+  release.run_id           the release run that decided it: its `release.json` holds every guardrail's
+                           result, and its parameters (which cannot change once logged) the
+                           certification run and sha256 it decided on (the champion is compared by them)
+(label_requests.run_id too, on a version whose label requests were drawn.)
 """
 from __future__ import annotations
 
@@ -92,14 +95,33 @@ def certification_for(version, run_id: str | None = None, name: str = REGISTERED
     return run_id, report
 
 
+PINNED = ("certification_run_id", "certification_sha256")
+"""The release run's parameters naming the certification it decided on (release logs them)."""
+
+
+def pinned_certification(version) -> tuple[str | None, str | None]:
+    """(certify run id, sha256) the version's last release decided on: its release run's parameters
+    (a store written before they existed: its `release.certification_*` tags), else (None, None)."""
+    run_id = version.tags.get("release.run_id")
+    params = {}
+    if run_id:
+        try:
+            params = client().get_run(run_id).data.params
+        except mlflow.exceptions.MlflowException:
+            pass
+    if params.get(PINNED[0]):
+        return params[PINNED[0]], params.get(PINNED[1])
+    return version.tags.get("release.certification_run_id"), version.tags.get("release.certification_sha256")
+
+
 def champion_certification(champion, name: str = REGISTERED_MODEL) -> dict:
-    """The report the champion was promoted on (the run and sha256 release recorded then: a later
+    """The report the champion was promoted on (the run and sha256 its release recorded then: a later
     change of its `certification.run_id` tag does not change what it is compared by)."""
-    run_id = champion.tags.get("release.certification_run_id") or champion.tags.get("certification.run_id")
+    run_id, pinned = pinned_certification(champion)
+    run_id = run_id or champion.tags.get("certification.run_id")
     if not run_id:
         raise InputError(f"the champion, {name} version {champion.version}, has no certification on record")
     report, sha = load_certification(run_id)
-    pinned = champion.tags.get("release.certification_sha256")
     if pinned and pinned != sha:
         raise InputError(f"the champion's certification ({run_id}) changed after it was promoted "
                          f"(sha256 {sha[:12]} vs {pinned[:12]} at promotion): fix the store before releasing")
@@ -114,7 +136,7 @@ def verify_certification(version, run_id: str, report: dict, sha: str, name: str
     """The first provenance check the certification fails, in words, or None. It must come from a
     FINISHED certify run, in the version's experiment or linked to its LoggedModel, whose parameters
     and report name exactly this version (and LoggedModel), whose logged metrics equal the report's
-    numbers, and (with `check_tags`) whose artifact and balanced estimate match the version's tags."""
+    numbers, and (with `check_tags`) whose artifact's sha256 is the version's `certification.sha256`."""
     try:
         run = client().get_run(run_id)
     except mlflow.exceptions.MlflowException:
@@ -141,15 +163,16 @@ def verify_certification(version, run_id: str, report: dict, sha: str, name: str
         tagged = version.tags.get("certification.sha256")
         if tagged != sha:
             return f"the artifact's sha256 {sha[:12]} is not the version's certification.sha256 {str(tagged)[:12]}"
-        if version.tags.get("certification.balanced") != balanced_tag(report):
-            return (f"the version's certification.balanced tag {version.tags.get('certification.balanced')!r} "
-                    f"disagrees with the report ({balanced_tag(report)})")
     return None
+
+
+LABEL_REQUESTS_SHA256 = "label_requests_sha256"
 
 
 def label_requests_for(version, name: str = REGISTERED_MODEL) -> list[dict]:
     """The label requests logged for `version` (its `label_requests.run_id` tag), checked: a FINISHED
-    label_requests run for this version whose artifact still has the sha256 the version was tagged with."""
+    label_requests run for this version whose artifact still has the sha256 the run logged as a parameter
+    (in a store written before that: the version's `label_requests.sha256` tag)."""
     from rlhf_mlflow.core.records import check_record
     run_id = version.tags.get("label_requests.run_id")
     if not run_id:
@@ -162,7 +185,8 @@ def label_requests_for(version, name: str = REGISTERED_MODEL) -> list[dict]:
     with tempfile.TemporaryDirectory() as d:
         path = mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path="label_requests.jsonl", dst_path=d)
         raw = open(path, "rb").read()
-    if hashlib.sha256(raw).hexdigest() != version.tags.get("label_requests.sha256"):
+    logged = run.data.params.get(LABEL_REQUESTS_SHA256) or version.tags.get("label_requests.sha256")
+    if hashlib.sha256(raw).hexdigest() != logged:
         raise InputError(f"the label requests of run {run_id} were changed after they were logged")
     where = f"label requests of run {run_id}"
     try:
@@ -173,9 +197,21 @@ def label_requests_for(version, name: str = REGISTERED_MODEL) -> list[dict]:
             for i, line in enumerate(text.splitlines(), 1) if line.strip()]
 
 
-def balanced_tag(report: dict) -> str:
-    b = report["balanced"]
-    return f"{b['estimate']:.4f}" if b.get("certifiable") else "refused"
+def release_record(version) -> dict:
+    """The `release.json` of the version's last release (every guardrail's result, the decision, the
+    champion before it, the evidence), or {} when it was never released."""
+    run_id = version.tags.get("release.run_id")
+    if not run_id:
+        return {}
+    with tempfile.TemporaryDirectory() as d:
+        path = mlflow.artifacts.download_artifacts(run_id=run_id, artifact_path="release.json", dst_path=d)
+        with open(path, encoding="utf-8") as f:
+            return parse_json(f.read(), f"run {run_id}'s release.json")
+
+
+def versions_promoted(name: str = REGISTERED_MODEL) -> list:
+    """Every version whose `release.decision` says promoted."""
+    return [v for v in client().search_model_versions(f"name = '{name}'") if v.tags.get("release.decision") == "promoted"]
 
 
 def _same_lineage(run, version, model_id: str | None) -> bool:
