@@ -57,6 +57,9 @@ def test_the_watchs_past_peak_warning_names_the_run(tiny_world, monkeypatch, cap
     (run,) = mlflow.search_runs(search_all_experiments=True, output_format="list")
     warnings = [r.getMessage() for r in caplog.records if "past its peak" in r.getMessage()]
     assert warnings and all(w.startswith(f"{run.info.run_name}: step ") for w in warnings), warnings
+    # unset options (reward_wrapper, family_weights, ...) are left out, not shown as '' in the UI
+    assert "" not in run.data.params.values() and "reward_wrapper" not in run.data.params
+    assert run.data.params["watch_every"] == "10"
 
 
 
@@ -128,3 +131,10 @@ def test_the_readmes_pandas_snippet_runs_as_written_from_any_directory(tmp_path,
                          capture_output=True, text=True)
     assert res.returncode == 1 and f"no rlhf_mlflow tracking store at {empty}/mlflow.db" in res.stderr, res.stderr
     assert not (empty / "mlflow.db").exists()
+
+
+def test_unset_params_are_left_out_and_a_launchers_raw_value_is_kept_beside_the_resolved_one():
+    from rlhf_mlflow.tracking import runs as T
+    with T.tracked_run("console", {"gold": "", "policy": None, "seed": 0, "world": "w"}) as run:
+        T.log_params({"world": "/abs/w", "steps": ""})
+    assert mlflow.get_run(run.info.run_id).data.params == {"seed": "0", "world": "w", "resolved.world": "/abs/w"}

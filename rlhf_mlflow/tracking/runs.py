@@ -99,13 +99,13 @@ def _end(status: str) -> None:
 
 
 def log_params(params: dict) -> None:
-    """Log params; a key already logged with another value (under `mlflow run` the launcher logs the
-    raw MLproject values first) is logged resolved as `resolved.<key>` instead of failing."""
+    """Log params, leaving out unset ones (None or '': the UI showed '' for them); a key already logged with
+    another value (`mlflow run` logs the raw MLproject values first) is logged as `resolved.<key>`."""
     run = mlflow.active_run()
     existing = mlflow.get_run(run.info.run_id).data.params if run else {}
     out = {}
     for k, v in params.items():
-        if v is None:
+        if v is None or v == "":
             continue
         value = _param_value(v)
         if k not in existing:
