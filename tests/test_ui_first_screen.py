@@ -63,13 +63,14 @@ def test_the_front_page_names_the_champion_first_and_every_other_candidate_with_
     client = mlflow.MlflowClient()
     note = client.get_experiment(exp).tags[EV.NOTE_TAG]
     first, *rest = note.splitlines()
-    assert first == "**Champion: v2 corrected-kl005-s1200**, certified balanced 0.526 [0.471, 0.576], true 0.518"
+    assert first == "Champion: v2 corrected-kl005-s1200, certified balanced 0.526 [0.471, 0.576], true 0.518"
     assert "- v1 default-s800: refused by family_quality, certifiable" in rest
     assert "- v3 kl05-s800: promoted" in rest
     assert f"[every candidate with its verdict]({link})" in note and f"#/experiments/{exp}/runs/mainrun" in note
     # the view's columns are the tags on each candidate's run
     view = json.loads(client.get_experiment(exp).tags[EV.VIEW_TAG_PREFIX + EV.VIEW_KEY])
-    assert link == f"#/experiments/{exp}?viewStateShareKey={EV.VIEW_KEY}"
+    assert link == f"#/experiments/{exp}/runs?viewStateShareKey={EV.VIEW_KEY}"
+    assert EV.VERDICT in view["searchFilter"]  # the candidates only
     assert view["runsHiddenMode"] == "SHOW_ALL"
     shown = {c.split("`")[1] for c in view["selectedColumns"] if c.startswith("tags.")}
     assert {EV.VERDICT, EV.CERTIFIED, EV.TRUTH} <= shown
@@ -84,4 +85,41 @@ def test_without_a_champion_the_front_page_says_so_and_names_a_loosened_gate():
     table = _table().assign(champion=False)
     main_view.publish(table, exp, "mainrun", loosened=["min_balanced_gain=-1"])
     first = mlflow.MlflowClient().get_experiment(exp).tags[EV.NOTE_TAG].splitlines()[0]
-    assert first.startswith("**No champion from this run**") and "NON-DEFAULT guardrails: min_balanced_gain=-1" in first
+    assert first.startswith("No champion from this run") and "NON-DEFAULT guardrails: min_balanced_gain=-1" in first
+
+
+def test_the_rlhf_app_is_mlflows_server_with_the_ui_defaults_script(tmp_path):
+    """`mlflow server --app-name rlhf`: the index page opens the UI on model training with the
+    assistant closed (unless the browser chose otherwise); the REST API is MLflow's."""
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    from rlhf_mlflow.tracking.server import free_port
+    from rlhf_mlflow.tracking.ui_app import BOOTSTRAP
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--app-name", "rlhf", "--backend-store-uri",
+                             f"sqlite:///{tmp_path}/ui.db", "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
+                            cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 120
+        while True:
+            try:
+                urllib.request.urlopen(url + "/health", timeout=2)
+                break
+            except OSError:
+                assert proc.poll() is None and time.time() < deadline, "mlflow server --app-name rlhf did not start"
+                time.sleep(0.5)
+        index = urllib.request.urlopen(url + "/", timeout=10).read().decode()
+        assert index.startswith("<!doctype html>") and BOOTSTRAP in index and index.count(BOOTSTRAP) == 1
+        assert index.index(BOOTSTRAP) < index.index("<script defer")  # before the UI's own code runs
+        assert '"mlflow.workflowType_v1": "machine_learning"' in BOOTSTRAP
+        assert "localStorage.getItem(k)===null" in BOOTSTRAP  # a choice the user made is kept
+        body = json.loads(urllib.request.urlopen(url + "/api/2.0/mlflow/experiments/search?max_results=5",
+                                                 timeout=10).read())
+        assert [e["name"] for e in body["experiments"]] == ["Default"]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)

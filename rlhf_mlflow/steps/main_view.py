@@ -26,16 +26,17 @@ def certified(row) -> str:
 
 
 def front_page(table: pd.DataFrame, experiment_id: str, main_run_id: str, loosened: list[str]) -> str:
-    """The experiment's description: a champion line, a line per candidate not released, links."""
+    """The experiment's description: a champion line (plain: the experiments list shows it raw), a
+    line per candidate not released, links."""
     champ = table[table["champion"]] if len(table) else table
     if len(champ):
         c = champ.iloc[0]
         truth = _num(c.get("truth_balanced"))
-        head = (f"**Champion: v{c['model_version']} {c['candidate']}**, certified balanced {certified(c)}"
+        head = (f"Champion: v{c['model_version']} {c['candidate']}, certified balanced {certified(c)}"
                 + (f", true {truth}" if truth else ""))
     else:
         current = REG.champion_version()
-        head = ("**No champion from this run**" + (f" (the champion is still v{current.version})" if current else "")
+        head = ("No champion from this run" + (f" (the champion is still v{current.version})" if current else "")
                 + ": no candidate passed every guardrail")
     if loosened:
         head += f" — under NON-DEFAULT guardrails: {', '.join(loosened)}"

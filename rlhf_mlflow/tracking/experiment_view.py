@@ -23,8 +23,8 @@ NOTE_TAG = "mlflow.note.content"
 VIEW_KEY = "rlhf-candidates"
 VIEW_TAG_PREFIX = "mlflow.sharedViewState."
 VERDICT, CERTIFIED, TRUTH = "rlhf.view.verdict", "rlhf.view.certified", "rlhf.view.truth"
-COLUMNS = [f"tags.`{VERDICT}`", f"tags.`{CERTIFIED}`", f"tags.`{TRUTH}`", "tags.`rlhf.step`",
-           "attributes.`Models`", "attributes.`Description`"]
+COLUMNS = [f"tags.`{VERDICT}`", f"tags.`{CERTIFIED}`", f"tags.`{TRUTH}`", "attributes.`Models`",
+           "attributes.`Duration`"]
 
 
 def mark_kind(experiment_id: str) -> None:
@@ -36,13 +36,14 @@ def mark_kind(experiment_id: str) -> None:
 
 def view_link(experiment_id: str) -> str:
     """The UI's link (relative to the server root) to the candidates view of the runs table."""
-    return f"#/experiments/{experiment_id}?viewStateShareKey={VIEW_KEY}"
+    return f"#/experiments/{experiment_id}/runs?viewStateShareKey={VIEW_KEY}"
 
 
 def publish_view(experiment_id: str) -> str:
     """Write the candidates view on the experiment; returns its link."""
     state = {"selectedColumns": COLUMNS, "columnOrder": [], "columnWidths": {}, "runsHiddenMode": "SHOW_ALL",
-             "hideEmptyCharts": True, "orderByKey": "attributes.start_time", "orderByAsc": False}
+             "hideEmptyCharts": True, "orderByKey": "attributes.start_time", "orderByAsc": False,
+             "searchFilter": f"tags.`{VERDICT}` LIKE '%'"}  # the candidates only, out of their parents
     mlflow.MlflowClient().set_experiment_tag(experiment_id, VIEW_TAG_PREFIX + VIEW_KEY, json.dumps(state))
     return view_link(experiment_id)
 
