@@ -17,6 +17,7 @@ import mlflow
 from rlhf_mlflow.core.errors import InputError
 from rlhf_mlflow.core.process import process_tags
 from rlhf_mlflow.tracking.default_experiment import EXPERIMENT, experiment_id
+from rlhf_mlflow.tracking.metric_bounds import checked
 
 log = logging.getLogger(__name__)
 
@@ -121,7 +122,7 @@ class MetricLogger:
     asynchronous logger in one batch at most every `flush_seconds` (and on `flush()`), so the
     training loop neither waits on the store (~20 ms a synchronous call on sqlite) nor pays a
     store round trip per report. `stored` ({key: last step already in the store}) drops points a
-    resumed run would log a second time."""
+    resumed run would log a second time; a non-finite or absurd value is dropped (metric_bounds)."""
 
     def __init__(self, prefix: str = "", flush_seconds: float = 10.0, stored: dict[str, int] | None = None):
         self.prefix = prefix
@@ -132,9 +133,8 @@ class MetricLogger:
 
     def __call__(self, step: int, metrics: dict) -> None:
         from mlflow.entities import Metric
-        ts = int(1000 * time.time())
-        self._buffer += [Metric(self.prefix + k, float(v), ts, step) for k, v in metrics.items()
-                         if step > self.stored.get(self.prefix + k, -1)]
+        ts, named = int(1000 * time.time()), checked({self.prefix + k: v for k, v in metrics.items()})
+        self._buffer += [Metric(k, v, ts, step) for k, v in named.items() if step > self.stored.get(k, -1)]
         if time.monotonic() - self._last >= self.flush_seconds:
             self.flush()
 
@@ -177,7 +177,8 @@ def set_description(text: str) -> None:
 
 
 def log_metrics(metrics: dict, step: int | None = None, model_id: str | None = None) -> None:
-    mlflow.log_metrics({k: float(v) for k, v in metrics.items()}, step=step, model_id=model_id)
+    """Metrics of the active run; a non-finite or absurd value is dropped with a warning (metric_bounds)."""
+    mlflow.log_metrics(checked(metrics), step=step, model_id=model_id)
 
 
 def log_records_input(records: list[dict], path: str, context: str) -> None:
