@@ -2,6 +2,7 @@
 that logs the watch's names, warns, or stops at the peak and keeps the best checkpoint."""
 from __future__ import annotations
 
+import json
 import os
 
 import mlflow
@@ -89,7 +90,9 @@ def test_bon_with_an_expert_set_logs_the_curve_on_the_n_axis_and_its_fit(tiny_wo
         se = {m.step: m.value for m in client.get_metric_history(run.info.run_id, f"bon/watch/se/{f}")}
         assert sorted(hist) == [1, 2, 4, 8], f
         assert abs(hist[1] - np.mean([r["label"] for r in rows])) < 4 * se[1] + 0.01, f
-    assert any(k.startswith("bon/watch/gao_alpha/") for k in run.data.metrics)
+    assert not any("gao_" in k for k in run.data.metrics)  # the fit is a table, not single-point charts
+    assert "bon_gao_fits.json" in [a.path for a in client.list_artifacts(run.info.run_id)]
+    assert all(f in run.data.tags["rlhf.bon.peaks"] for f in V.FAMILIES)
     assert "figures/bon_gao_fits.png" in [a.path for a in client.list_artifacts(run.info.run_id, "figures")]
     res = _run("bon", "--policy", w + "policy", "--reward-model", w + "reward_model", "--prompts",
                w + "data/prompts_dev.jsonl", "--watch-correction", "c.py")
@@ -209,9 +212,12 @@ def test_a_train_rl_run_with_the_watch_logs_its_names_and_the_fit_figure(tiny_wo
     for name in ("watch/dune", "watch/balanced", "watch/se/dune", "watch/se/balanced", "watch/past_peak/dune"):
         assert [m.step for m in client.get_metric_history(run.info.run_id, name)] == [0, 10, 20], name
     # a fit needs two points away from the reference (an estimated KL > 0): only at step 20, where it can
-    fitted = [f for f in V.FAMILIES if f"watch/gao_alpha/{f}" in run.data.metrics]
-    assert fitted and all(f"watch/gao_beta/{f}" in run.data.metrics for f in fitted)
-    assert [m.step for m in client.get_metric_history(run.info.run_id, f"watch/gao_alpha/{fitted[0]}")] == [20]
+    fits = json.load(open(mlflow.artifacts.download_artifacts(run_id=run.info.run_id, artifact_path="watch_gao_fits.json")))
+    rows = [dict(zip(fits["columns"], r)) for r in fits["data"]]
+    assert {r["family"] for r in rows} == set(V.FAMILIES) and any(r["alpha"] is not None for r in rows)
+    assert all(r["peak"].startswith(("peak at KL", "no peak in range", "no fit")) for r in rows)
+    assert all(r["peak"] in run.data.tags["rlhf.watch.peaks"] for r in rows)
+    assert not any("gao_" in k for k in run.data.metrics)
     figures = [a.path for a in client.list_artifacts(run.info.run_id, "figures")]
     assert "figures/gao_fits.png" in figures
     assert run.data.params["watch_every"] == "10" and run.data.params["early_stop"] == "warn"

@@ -35,11 +35,39 @@ def gao_fit(d, gain, se, form: str = "rl") -> dict:
             "peak_kl": None if peak is None else peak * peak}
 
 
-def fit_metrics(fits: dict[str, dict]) -> dict[str, float]:
-    """The fits' metric names (without a prefix): gao_alpha/<family>, gao_beta/..., gao_peak_kl/...,
-    for the fits that have them."""
-    return {f"gao_{k}/{f}": fit[k] for f, fit in fits.items() for k in ("alpha", "beta", "peak_kl")
-            if fit[k] is not None}
+PEAK_RANGE, MAX_PEAK_KL = 100.0, 1e3
+"""A fitted peak is in range when its KL is at most PEAK_RANGE times the largest KL the family was seen
+at, and at most MAX_PEAK_KL nats; beyond that the form is only extrapolated (a family whose gain still
+rises, fitted with beta just above 0, puts its 'peak' at KL 1e43)."""
+
+
+def peak_in_range(fit: dict, max_kl: float) -> bool:
+    """Whether the fit has a peak (beta > 0) within the range of KL it can speak for."""
+    return fit.get("peak_kl") is not None and fit["peak_kl"] <= min(PEAK_RANGE * max_kl, MAX_PEAK_KL)
+
+
+def peak_note(fit: dict, max_kl: float) -> str:
+    """What a fit says of its family's peak, in words: its KL, or why there is none in range."""
+    if fit["alpha"] is None:
+        return "no fit (fewer than 2 points with KL > 0)"
+    if fit["peak_kl"] is None:
+        return f"no peak in range (beta {fit['beta']:.3g} <= 0: the fitted gain still rises)"
+    if not peak_in_range(fit, max_kl):
+        return (f"no peak in range (the fit's peak KL {fit['peak_kl']:.2g} is past {PEAK_RANGE:g}x the largest "
+                f"KL seen, {max_kl:.2g})")
+    return f"peak at KL {fit['peak_kl']:.3g}"
+
+
+def fit_rows(fits: dict[str, dict], points: list) -> list[dict]:
+    """One row per family: the fit's form, alpha, beta, the largest KL seen (over `points`, each with a
+    `kl` per family), the peak's KL only when in range, and `peak` in words (peak_note)."""
+    rows = []
+    for f, fit in fits.items():
+        max_kl = max((p.kl[f] for p in points), default=0.0)
+        rows.append({"family": f, "form": fit["form"], "alpha": fit["alpha"], "beta": fit["beta"], "max_kl": max_kl,
+                     "peak_kl": fit["peak_kl"] if peak_in_range(fit, max_kl) else None,
+                     "peak": peak_note(fit, max_kl)})
+    return rows
 
 
 def gao_curve(fit: dict, d) -> np.ndarray:

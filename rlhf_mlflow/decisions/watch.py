@@ -37,7 +37,7 @@ from rlhf_mlflow.core import shortcut_rules as SR
 from rlhf_mlflow.core import vocab as V
 from rlhf_mlflow.core.config import check_range
 from rlhf_mlflow.decisions import certify as C
-from rlhf_mlflow.decisions.gao import FORMS, MIN_KL, fit_metrics, gao_curve, gao_fit  # noqa: F401 (the watch's API)
+from rlhf_mlflow.decisions.gao import FORMS, MIN_KL, fit_rows, gao_curve, gao_fit  # noqa: F401 (the watch's API)
 from rlhf_mlflow.decisions.ope_math import direct_estimate  # noqa: F401 (the watch's API: bon_watch)
 
 
@@ -251,11 +251,11 @@ class Watch:
 
     def metrics(self, pt: WatchPoint) -> dict[str, float]:
         """A point's names under watch/ (without the prefix): the estimates and ses the expert set vouches
-        for (balanced only when it vouches for every family), `vouched/<family>` 1 or 0, fits over the
-        vouched points, past-peak flags."""
+        for (balanced only when it vouches for every family), `vouched/<family>` 1 or 0, past-peak flags
+        (the Gao fits are not a series: `fit_rows` of `fits()` at the end)."""
         shown = [k for k in pt.estimate if is_vouched(pt, k)]
         out = {**{k: pt.estimate[k] for k in shown}, **{f"se/{k}": pt.se[k] for k in shown},
-               **{f"vouched/{f}": float(is_vouched(pt, f)) for f in self.families}, **fit_metrics(self.fits()),
+               **{f"vouched/{f}": float(is_vouched(pt, f)) for f in self.families},
                **{f"past_peak/{f}": float(f in self.fired) for f in self.families}}
         out.update({f"shortcut_rise/{f}": s["rise"] for f, s in pt.shortcuts.items()})
         return out

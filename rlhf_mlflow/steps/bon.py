@@ -1,12 +1,14 @@
 """The `bon` step: best-of-N selection against a reward model as an MLflow run (the chosen samples
 as an artifact, per-family proxy of the chosen and of a plain sample). With an expert set
 (`watch_gold`), the watch's best-of-n curve too (decisions/bon_watch.py): `bon/watch/<family>` and its
-se at step n for n = 1, 2, 4, ..., N, the best-of-n form's fit (`bon/watch/gao_alpha/<family>`,
-`gao_beta`, `gao_peak_kl`) and `figures/bon_gao_fits.png`."""
+se at step n for n = 1, 2, 4, ..., N, the best-of-n form's fit (the table `bon_gao_fits.json`, the tag
+`rlhf.bon.peaks`: a peak's KL or 'no peak in range') and `figures/bon_gao_fits.png`."""
 from __future__ import annotations
 
 import os
 import tempfile
+
+import pandas as pd
 
 from rlhf_mlflow.core import model as M
 from rlhf_mlflow.core import records as D
@@ -21,7 +23,7 @@ from rlhf_mlflow.tracking.policy_model import resolve_policy
 from rlhf_mlflow.training.bon import best_of_n
 
 
-FIGURE = "figures/bon_gao_fits.png"
+FIGURE, FITS = "figures/bon_gao_fits.png", "bon_gao_fits.json"
 
 
 def run_bon(policy: str, reward_model: str, prompts: str, n: int = 32, limit: int | None = None, seed: int = 0,
@@ -60,7 +62,10 @@ def _watch(base, rm, wrapper, gold: list[dict], n: int, seed: int) -> dict:
         T.log_metrics(MN.prefixed(MN.BON + MN.WATCH, {**pt.estimate, **{f"se/{k}": v for k, v in pt.se.items()}}),
                       step=pt.step)
     fits = BW.bon_fits(points)
-    fitted = W.fit_metrics(fits)
-    T.log_metrics(MN.prefixed(MN.BON + MN.WATCH, fitted), step=points[-1].step)
+    rows = W.fit_rows(fits, points)  # a peak out of range is said so, not charted
+    T.log_table(pd.DataFrame(rows), FITS)
+    T.set_tags({"rlhf.bon.peaks": "; ".join(f"{r['family']}: {r['peak']}" for r in rows)})
     T.log_figure(gao_fits(points, fits, {}, "best-of-n: estimated gain, fit d (alpha - beta d)"), FIGURE)
-    return MN.prefixed(MN.WATCH, {**points[-1].estimate, **fitted})
+    return MN.prefixed(MN.WATCH, {**points[-1].estimate,
+                                  **{f"gao_{k}/{r['family']}": r[k] for r in rows for k in ("alpha", "beta", "peak_kl")
+                                     if r[k] is not None}})

@@ -100,7 +100,7 @@ def gao_fits(points: list, fits: dict[str, dict], fired: dict[str, int], title: 
     (step, kl, gain, se per family)."""
     import numpy as np
 
-    from rlhf_mlflow.decisions.watch import gao_curve
+    from rlhf_mlflow.decisions.gao import gao_curve, peak_in_range
     fams = list(fits)
     fig, axes = plt.subplots(1, len(fams), figsize=(3.2 * len(fams), 3.2), squeeze=False)
     for ax, f in zip(axes[0], fams):
@@ -111,12 +111,15 @@ def gao_fits(points: list, fits: dict[str, dict], fired: dict[str, int], title: 
                     color="tab:blue")
         if (~ok).any():  # what the reward model believes where the expert set cannot reach: not a quality
             ax.scatter(d[~ok], g[~ok], s=12, facecolors="none", edgecolors="gray", label="not vouched for")
-        fit = fits[f]
-        if fit["alpha"] is not None:
-            grid = np.linspace(0, max(d.max(), fit["peak_d"] or 0, 1e-3) * 1.05, 100)
+        fit, max_kl = fits[f], max(p.kl[f] for p in points)
+        if fit["alpha"] is not None:  # the curve over what was seen, and on to its peak only when in range
+            in_range = peak_in_range(fit, max_kl)
+            grid = np.linspace(0, max(d.max(), fit["peak_d"] if in_range else 0, 1e-3) * 1.05, 100)
             ax.plot(grid, gao_curve(fit, grid), color="black", lw=1)
-            if fit["peak_d"] is not None and fit["peak_d"] <= grid[-1]:
+            if in_range:
                 ax.axvline(fit["peak_d"], color="tab:green", ls=":", label=f"fitted peak KL {fit['peak_kl']:.2g}")
+            else:
+                ax.text(0.02, 0.02, "no peak in range", transform=ax.transAxes, fontsize=7, color="gray")
         if f in fired:
             i = [p.step for p in points].index(fired[f])
             ax.scatter([d[i]], [g[i]], s=80, facecolors="none", edgecolors="tab:red",

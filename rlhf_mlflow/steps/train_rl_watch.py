@@ -1,5 +1,5 @@
 """The over-optimisation watch (decisions/watch.py) as train_rl's `on_watch` callback, inside the run:
-it logs `watch/...` on the training step axis, tags the run when a family passes its peak
+it logs `watch/...` on the training step axis (the Gao fits, once, as a table and a figure), tags the run when a family passes its peak
 (`rlhf.watch.past_peak`), keeps the checkpoint with the best estimated balanced truth, stops the run
 under early_stop=stop, and draws the Gao fits figure at the end. Each checkpoint carries the watch's
 state and its best policy so far, so that a resumed run's watch goes on as if it had never stopped."""
@@ -21,7 +21,7 @@ from rlhf_mlflow.tracking import runs as T
 from rlhf_mlflow.training.rl_config import RLConfig
 
 log = logging.getLogger(__name__)
-FIGURE = "figures/gao_fits.png"
+FIGURE, FITS = "figures/gao_fits.png", "watch_gao_fits.json"
 WATCH_FILES = STATE, BEST = "watch_state.json", "watch_best"
 """In a checkpoint directory: the watch's state (Watch.state and the best step) and its best policy
 (for a resume; a registered model leaves them out)."""
@@ -96,11 +96,18 @@ class RunWatch:
             self.best = (state["best_step"], self.best_dir)
 
     def finish(self) -> None:
-        """The fits figure and the best checkpoint as artifacts (after training, in the run)."""
+        """The fits (figure, table `watch_gao_fits.json`, tag `rlhf.watch.peaks`: a peak's KL, or
+        'no peak in range') and the best checkpoint as artifacts (after training, in the run)."""
         if not self.watch.points:
             return
+        import pandas as pd
+
         from rlhf_mlflow.steps.figures import gao_fits
-        T.log_figure(gao_fits(self.watch.points, self.watch.fits(), self.watch.fired), FIGURE)
+        fits = self.watch.fits()
+        rows = W.fit_rows(fits, self.watch.points)
+        T.log_figure(gao_fits(self.watch.points, fits, self.watch.fired), FIGURE)
+        T.log_table(pd.DataFrame(rows), FITS)
+        T.set_tags({"rlhf.watch.peaks": "; ".join(f"{r['family']}: {r['peak']}" for r in rows)})
         T.set_tags({"rlhf.watch.best_step": str(self.best[0]) if self.best else
                     "none: the expert set vouched for every family at no trained point"})
         if self.best is not None:
