@@ -33,9 +33,10 @@ def test_train_rl_run_logs_family_curves_checkpoints_and_registers(tiny_world):
     client = mlflow.MlflowClient()
     hist = client.get_metric_history(run.info.run_id, "train/kl/balanced")
     assert [m.step for m in hist] == [2, 4, 6]
-    for key in ("proxy/balanced", "kl_k3/ember", "entropy/anvil", "top_token_share/fjord", "shaped/balanced",
-                "loss", "grad_norm", "steps_per_s"):
+    for key in ("proxy/balanced", "proxy/dune", "kl/ember", "kl_k3/balanced", "entropy/balanced",
+                "top_token_share/balanced", "shaped/balanced", "reward/balanced", "loss", "grad_norm", "steps_per_s"):
         assert "train/" + key in run.data.metrics, key
+    assert "train/entropy/anvil" not in run.data.metrics  # per family in figures/family_curves.png
     assert run.data.params["kl_coef"] == "0.1" and run.data.params["steps"] == "6"
     assert len(run.data.params["world_hash"]) == 16
     arts = {a.path for a in client.list_artifacts(run.info.run_id, "checkpoints")}

@@ -1,6 +1,7 @@
 """The `certify` step: a policy's true quality per family, estimated off-policy from the expert set
-(decisions/certify.py), as an MLflow run: `certify/certified/<family>` with its interval, gain and
-ESS, every other number in one table per family, a markdown report and a figure, linked to the
+(decisions/certify.py), as an MLflow run: `certify/certified/balanced` with its interval and gain, the
+families certified and the labels spent as metrics, per family in two tables (what is charted, every
+number) and a figure, a markdown report, linked to the
 version's LoggedModel. The version is tagged with the run and its report's sha256, last, so a failure
 leaves it untagged (the labels it used and the correction's sha256 are the run's metric and params)."""
 from __future__ import annotations
@@ -51,9 +52,11 @@ def check_world_inputs(inputs: dict, world_hash: str | None, version) -> None:
 
 
 CHARTED = (("estimate", "certified"), ("lo", "certified_lo"), ("hi", "certified_hi"), ("gain", "gain"),
-           ("ess", "ess"))
-"""The numbers worth charting across versions, logged as `certify/<name>/<family>`; every other number
-certify computed is in the run's table `certification_table.json` (one row per family)."""
+           ("gain_lo", "gain_lo"))
+"""The balanced numbers a reader compares across versions, logged as `certify/<name>/balanced`, beside
+`certify/families_certified` and `certify/policy_labels/total` (at most 7 metrics); per family they are
+in the table `certify_families.json` and the figure, every other number in `certification_table.json`."""
+FAMILY_TABLE = "certify_families.json"
 TABLE_COLUMNS = ("certifiable", "estimate", "lo", "hi", "gain", "gain_lo", "gain_hi", "reference", "ess",
                  "pop_ess", "khat", "kl", "snips", "direct", "labels", "reason")
 
@@ -62,15 +65,21 @@ def _groups(report: dict) -> dict:
     return {**report["families"], **{k: report[k] for k in ("balanced", "pilot") if k in report}}
 
 
-def certification_metrics(report: dict) -> dict:
-    """`certify/<name>/<family>` for the CHARTED numbers that are finite."""
-    m = {}
-    for f, r in _groups(report).items():
-        for key, name in CHARTED:
-            v = r.get(key)
-            if v is not None and math.isfinite(v):
-                m[f"{MN.CERTIFY}{name}/{f}"] = v
-    return m
+def certification_metrics(report: dict, labels: int = 0) -> dict:
+    """The CHARTED balanced numbers that are finite, the number of families certified, the labels spent."""
+    b = report["balanced"]
+    m = {f"{MN.CERTIFY}{name}/balanced": b[key] for key, name in CHARTED
+         if b.get(key) is not None and math.isfinite(b[key])}
+    return m | {f"{MN.CERTIFY}families_certified": sum(bool(r["certifiable"]) for r in report["families"].values()),
+                f"{MN.CERTIFY}policy_labels/total": labels}
+
+
+def family_table(report: dict, counts: dict[str, int]) -> pd.DataFrame:
+    """Per family (then balanced, pilot): the CHARTED numbers, ESS and the policy labels spent on it."""
+    rows = [{"family": f, **{name: r.get(key) for key, name in CHARTED}, "ess": r.get("ess"),
+             "policy_labels": counts.get(f, sum(counts.values()) if f == "balanced" else None)}
+            for f, r in _groups(report).items()]
+    return pd.DataFrame(rows, columns=["family", *(name for _, name in CHARTED), "ess", "policy_labels"])
 
 
 def certification_table(report: dict) -> pd.DataFrame:
@@ -141,8 +150,8 @@ def _checked_labels(path: str | None, version: str | None) -> list[dict]:
 
 def _log_report(report: dict, model_id: str | None, labels: list[dict], out: str | None) -> None:
     counts = {f: sum(r["family"] == f for r in labels) for f in report["families"]}
-    T.log_metrics(certification_metrics(report) | {f"{MN.CERTIFY}policy_labels/{f}": n for f, n in counts.items()}
-                  | {f"{MN.CERTIFY}policy_labels/total": len(labels)}, model_id=model_id)
+    T.log_metrics(certification_metrics(report, len(labels)), model_id=model_id)
+    T.log_table(family_table(report, counts), FAMILY_TABLE)
     T.log_table(certification_table(report), "certification_table.json")
     T.log_text(certification_markdown(report), "certification.md")
     T.log_figure(certification_plot(report), "figures/certification.png")

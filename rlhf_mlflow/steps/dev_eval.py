@@ -1,10 +1,14 @@
 """The `dev_eval` step: the seed's dev evaluation of a policy (a checkpoint or a models:/ URI) as an
-MLflow run, per family, linked to the policy's LoggedModel when it has one."""
+MLflow run, linked to the policy's LoggedModel when it has one: the summary numbers as `dev/...`
+metrics, per family a table and a figure."""
 from __future__ import annotations
+
+import pandas as pd
 
 from rlhf_mlflow.core import model as M
 from rlhf_mlflow.core import records as D
 from rlhf_mlflow.core import reward_model as R
+from rlhf_mlflow.core import vocab as V
 from rlhf_mlflow.core.files import atomic_write_json
 from rlhf_mlflow.steps.figures import family_bars
 from rlhf_mlflow.steps.outputs import check_out
@@ -12,6 +16,21 @@ from rlhf_mlflow.tracking import metric_names as MN
 from rlhf_mlflow.tracking import runs as T
 from rlhf_mlflow.tracking.policy_model import resolve_policy
 from rlhf_mlflow.training.evaluate import dev_eval
+
+
+CHARTED = ("proxy/balanced", "kl/balanced", "proxy_mean", "proxy_std", "proxy_p50", "proxy_p90", "kl_mean",
+           "rm_gold_pearson")
+"""The numbers a reader compares across policies, logged as `dev/<name>`; per family they are in the
+table FAMILY_TABLE and the figure, and every number in `dev_eval.json`."""
+FAMILY_TABLE = "dev_eval_families.json"
+
+
+def family_table(metrics: dict) -> pd.DataFrame:
+    """One row per family (then balanced, pilot): proxy, kl and the reward model's fit to the expert set."""
+    names = ("proxy", "kl", "rm_gold_pearson")
+    rows = [{"family": f, **{n: metrics.get(f"{n}/{f}") for n in names}} for f in [*V.FAMILIES, "balanced", "pilot"]
+            if f"proxy/{f}" in metrics]
+    return pd.DataFrame(rows, columns=["family", *names])
 
 
 def run_dev_eval(policy: str, policy_ref: str, reward_model: str, prompts: str, gold: str | None = None,
@@ -32,7 +51,8 @@ def run_dev_eval(policy: str, policy_ref: str, reward_model: str, prompts: str, 
             T.log_records_input(gold_records, gold, "gold")
         res = dev_eval(M.load_policy(policy_dir)[0], M.load_policy(policy_ref)[0], R.load_rm(reward_model)[0],
                        prompt_records, gold_records, n, seed)
-        T.log_metrics(MN.prefixed(MN.DEV, res.metrics), model_id=model_id)
+        T.log_metrics(MN.prefixed(MN.DEV, {k: v for k, v in res.metrics.items() if k in CHARTED}), model_id=model_id)
+        T.log_table(family_table(res.metrics), FAMILY_TABLE)
         T.log_figure(family_bars(res.metrics, title=f"dev_eval: {policy}"), "figures/dev_eval_families.png")
         T.log_json_artifact(res.metrics, "dev_eval.json")
         if out:

@@ -61,8 +61,8 @@ def run_release(version: str, certification_run: str | None = None, guardrails: 
             passed = all(ok for ok, _ in results.values())
             decision = "promoted" if passed else "refused"
             before = current.version if current else None
-            T.log_metrics({f"{MN.RELEASE}guardrail/{k}": float(ok) for k, (ok, _) in results.items()}
-                          | {MN.RELEASE + "promoted": float(passed)})
+            T.log_metrics({MN.RELEASE + "promoted": float(passed),  # which failed: release.json, the description
+                           MN.RELEASE + "guardrails_failed": sum(not ok for ok, _ in results.values())})
             T.log_text(release_markdown(mv.version, results, decision, before), "release.md")
             T.log_json_artifact({"model_version": mv.version, "certification_run": cert_run, "evidence": evidence,
                                  "decision": decision, "champion_before": before, "non_default": loosened,

@@ -172,7 +172,7 @@ def _train(job: Job, out: str | None, register: bool, echo: Callable[[str], None
         logger = T.MetricLogger(stored=stored)
 
         def on_log(step, metrics):
-            logger(step, MN.prefixed(MN.TRAIN, metrics))
+            logger(step, MN.prefixed(MN.TRAIN, charted(metrics)))
             bar(step, metrics)
 
         saved = []
@@ -242,6 +242,16 @@ def _register(job: Job, saved: list[tuple[int, str]], last: int, select, echo: C
         info, version = log_policy(policy_dir, tags=version_tags, name=_model_name(job.recipe))
     echo(f"registered rlhf-policy version {version.version} (run {job.run_id}, step {step})")
     return {"model_id": info.model_id, "model_version": version.version, "registered_step": step}
+
+
+PER_FAMILY = ("proxy", "kl")
+"""The training batch's numbers charted per family; of the others (reward, shaped, kl_k3, entropy,
+top_token_share) only `/balanced`: per family they are in figures/family_curves.png."""
+
+
+def charted(metrics: dict) -> dict:
+    """The training report's numbers worth a chart each (PER_FAMILY per family, the rest balanced)."""
+    return {k: v for k, v in metrics.items() if "/" not in k or k.endswith("/balanced") or k.split("/")[0] in PER_FAMILY}
 
 
 def _model_name(recipe: str) -> str:

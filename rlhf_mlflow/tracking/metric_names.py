@@ -5,19 +5,23 @@ The README's metric table lists every name; tests/test_story.py holds the store 
 from __future__ import annotations
 
 TRAIN = "train/"
-"""train_rl: the training batch, per logged step (proxy, kl, kl_k3, entropy, reward, shaped, ...)."""
+"""train_rl: the training batch, per logged step (proxy and kl per family; kl_k3, entropy, reward,
+shaped, ... balanced only)."""
 WATCH = "watch/"
 """train_rl with its watch on: each family's true quality estimated from the expert set on the training
-step axis (`watch/<family>`, `watch/se/<family>`), the Gao fits (`watch/gao_alpha/<family>`,
-`watch/gao_beta/<family>`, `watch/gao_peak_kl/<family>`) and `watch/past_peak/<family>` (0/1)."""
+step axis (`watch/<family>`, `watch/se/<family>`, `watch/vouched/<family>`) and
+`watch/past_peak/<family>` (0/1); the Gao fits are a table and a figure, not metrics."""
 DEV = "dev/"
-"""dev_eval: the dev prompts, sampled from the policy (proxy, kl, the reward model against the expert set)."""
+"""dev_eval: the dev prompts, sampled from the policy (proxy, kl, the reward model against the expert set;
+balanced and summary numbers, per family a table)."""
 CERTIFY = "certify/"
-"""certify: the expert set, reweighted to the policy (certified quality, interval, gain, ess)."""
+"""certify: the expert set, reweighted to the policy (the balanced certified quality, its interval and
+gain, families certified, labels spent; per family a table)."""
 TRUTH = "truth/"
-"""grade: the oracle's true quality (benchmarks and the story's last column; never read by a decision)."""
+"""grade: the oracle's true quality, balanced (per family a table; benchmarks and the story's last
+column; never read by a decision)."""
 RELEASE = "release/"
-"""release: one 0/1 per guardrail, and whether the version was promoted."""
+"""release: whether the version was promoted, and how many guardrails failed (which: release.json)."""
 TRIAL = "trial/"
 """A sweep trial's train_rl run: its dev evaluation and guardrails, copied onto it for the sweep table."""
 DIAGNOSTIC = "diagnostic/"
