@@ -90,7 +90,7 @@ class TrackingServer:
         try:
             env = {**os.environ, "MLFLOW_BACKEND_STORE_URI": self.backend_store_uri()}
             cmd = [sys.executable, "-m", "mlflow", "server", "--host", self.cfg.host, "--port", str(self.port),
-                   "--workers", str(self.cfg.workers),
+                   "--workers", str(self.cfg.workers), "--app-name", "rlhf",  # the UI opens on runs (ui_app.py)
                    "--artifacts-destination", os.path.join(self.root, "artifacts")]
             with open(self.logfile, "ab") as out:
                 # its own process group, so stop() ends the server and the workers it forks
