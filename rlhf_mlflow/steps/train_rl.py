@@ -67,7 +67,7 @@ def run_train_rl(cfg: RLConfig, world: WorldPaths | None = None, out: str | None
     certifies it with labels); the run's tag `rlhf.select` keeps that choice for a resume.
     `progress`: True, a bar on a terminal; a number, a line every that many seconds; False, nothing.
     """
-    recipe = run_name or f"kl{cfg.kl_coef:g}-s{cfg.steps}"
+    recipe = run_name or default_name(cfg)
     if out:
         _check_out(out, cfg, overwrite)
     # every input is read and validated before anything is logged; these records and these wrapper
@@ -244,6 +244,12 @@ def _register(job: Job, saved: list[tuple[int, str]], last: int, select, echo: C
     return {"model_id": info.model_id, "model_version": version.version, "registered_step": step}
 
 
+def default_name(cfg: RLConfig) -> str:
+    """A run's name when none is given, in the seed's convention (kl05-s800 is kl 0.5, kl005-s1200 kl
+    0.05): the KL coefficient's digits without the point, then the steps."""
+    return f"kl{format(cfg.kl_coef, 'g').replace('.', '')}-s{cfg.steps}"
+
+
 PER_FAMILY = ("proxy", "kl")
 """The training batch's numbers charted per family; of the others (reward, shaped, kl_k3, entropy,
 top_token_share) only `/balanced`: per family they are in figures/family_curves.png."""
@@ -256,7 +262,7 @@ def charted(metrics: dict) -> dict:
 
 def _model_name(recipe: str) -> str:
     """The LoggedModel's name: the recipe, in the characters MLflow allows in a model name (no `.`,
-    `/`, `:`, `%` or quotes: kl0.1-s2 -> kl0_1-s2)."""
+    `/`, `:`, `%` or quotes: a.b -> a_b)."""
     return re.sub(r"[^A-Za-z0-9_-]+", "_", recipe).strip("_-") or "policy"
 
 
