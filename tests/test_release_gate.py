@@ -227,7 +227,8 @@ def race(versions: dict[str, float], rounds: int, env: dict) -> None:
         chain = [v for _, v in promoted]
         assert chain[-1] == best
         assert [versions[v] for v in chain] == sorted(versions[v] for v in chain) and len(set(chain)) == len(chain)
-        assert [records[v]["champion_before"] for v in chain] == [None] + chain[:-1]
+        assert [records[v]["champion_before"] and str(records[v]["champion_before"]) for v in chain] == \
+            [None] + chain[:-1]
         for v, mv in mvs.items():  # the alias's history on the versions: each champion it left says by whom
             decision = mv.tags["release.decision"]
             want = ("promoted" if v == best else f"superseded by v{chain[chain.index(v) + 1]}") if v in chain \
