@@ -70,7 +70,7 @@ def _assert_finished_whole(run_id: str, steps: int, start: int) -> None:
     run = mlflow.get_run(run_id)
     assert run.info.status == "FINISHED" and run.data.tags["rlhf.resumed_from_step"] == str(start)
     client = mlflow.MlflowClient()
-    for key in ("train/loss", "train/proxy/balanced", "train/kl/balanced"):
+    for key in ("train/stats/loss", "train/proxy/balanced", "train/kl/balanced"):
         assert sorted(m.step for m in client.get_metric_history(run_id, key)) == list(range(1, steps + 1)), key
     assert _names(run_id, "checkpoints/final") == FINAL_FILES
     assert CK.verify_manifest(client.download_artifacts(run_id, "checkpoints/final")) is None

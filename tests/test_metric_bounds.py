@@ -18,7 +18,8 @@ GUARD = "rlhf_mlflow.tracking.metric_bounds"
 
 @pytest.mark.parametrize("name, lo, hi", [
     ("truth/balanced", 0, 1), ("certify/certified/balanced", -1, 2), ("watch/dune", -1, 2),
-    ("watch/se/dune", 0, 1), ("train/kl/dune", -1e3, 1e3), ("train/kl_k3/balanced", 0, 1e3),
+    ("watch/se/dune", 0, 1), ("train/kl/dune", -1e3, 1e3), ("train/stats/kl_k3", 0, 1e3),
+    ("train/stats/entropy", 0, 100), ("train/stats/top_token_share", 0, 1), ("train/stats/steps_per_s", 0, 1e7),
     ("watch/gao_peak_kl/dune", 0, 1e3), ("certify/policy_labels/total", 0, 1e9), ("requests/dune", 0, 1e9),
     ("release/promoted", 0, 1), ("certify/families_certified", 0, 1e3), ("dev/rm_gold_pearson", -1, 1),
     ("main/seconds", 0, 1e7), ("rm/loss", *B.ANY),
@@ -28,7 +29,7 @@ def test_each_kind_of_metric_has_the_range_its_numbers_can_take(name, lo, hi):
 
 
 def test_the_guard_drops_non_finite_and_absurd_values_with_a_warning(caplog):
-    metrics = {"train/kl/dune": 0.4, "watch/gao_peak_kl/dune": 1e43, "truth/dune": 1.2, "train/loss": math.nan,
+    metrics = {"train/kl/dune": 0.4, "watch/gao_peak_kl/dune": 1e43, "truth/dune": 1.2, "train/stats/loss": math.nan,
                "certify/gain/balanced": math.inf, "labels/total": -1, "dev/proxy_mean": "x", "truth/balanced": 0.5}
     with caplog.at_level(logging.WARNING, logger=GUARD):
         assert B.checked(metrics) == {"train/kl/dune": 0.4, "truth/balanced": 0.5}

@@ -82,7 +82,7 @@ def test_sigkill_then_resume_finishes_the_same_run_as_if_uninterrupted(tiny_worl
     assert f"resuming run {run.info.run_id} at step" in resumed.stderr
     run = mlflow.get_run(run.info.run_id)
     assert run.info.status == "FINISHED" and int(run.data.tags["rlhf.resumed_from_step"]) >= SAVE_EVERY
-    for key in ("train/proxy/balanced", "train/kl/balanced", "train/loss", "train/entropy/balanced"):
+    for key in ("train/proxy/balanced", "train/kl/balanced", "train/stats/loss", "train/stats/entropy"):
         assert _history_steps(run.info.run_id, key) == list(range(1, STEPS + 1)), key
     # a family's curve has a point at the steps that drew it: the same steps and values as the straight run
     (first,) = mlflow.search_runs(search_all_experiments=True, filter_string="attributes.run_name = 'straight'",

@@ -78,7 +78,7 @@ def _check_metric_names(expected_steps: set[str]) -> None:
         logged[run.data.tags["rlhf.step"]] |= set(run.data.metrics)
     assert expected_steps <= set(by_step)
     documented = _readme_metric_names()
-    for step, names in by_step.items():  # a name is documented as it is (`train/entropy/balanced`) or generic
+    for step, names in by_step.items():  # a name is documented as it is (`train/stats/entropy`) or generic
         missing = sorted(n for n in logged[step] if n not in documented and _generic(n) not in documented
                          and not n.startswith("trial/dev/"))
         assert not missing, f"{step} logs names the README's metric table does not list: {missing}"

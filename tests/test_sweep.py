@@ -52,7 +52,7 @@ def test_ranking_uses_certified_quality_with_every_guardrail_passing_never_proxy
     assert best_trial(rank_trials(frame.drop(columns=["guardrail/family_change", "guardrail/family_kl"]))) is None
 
 
-FAMILY_CURVES = ["proxy", "kl", "kl_k3", "entropy", "top_token_share", "shaped"]
+FAMILY_CURVES = ["proxy", "kl", "stats/kl_k3", "stats/entropy", "stats/top_token_share", "stats/shaped"]
 
 
 def test_local_ray_sweep_of_four_trials(tiny_world, tmp_path):
@@ -84,10 +84,11 @@ def test_local_ray_sweep_of_four_trials(tiny_world, tmp_path):
         f"kl_coef={k},seed={s}" for k in (0.05, 0.1) for s in (0, 1)}
     for child in children:
         assert child.info.status == "FINISHED"
-        for metric in FAMILY_CURVES:  # per family: proxy and kl; the others balanced (family_curves.png)
-            for fam in (V.FAMILIES if metric in ("proxy", "kl") else []) + ["balanced"]:
-                steps = [m.step for m in client.get_metric_history(child.info.run_id, f"train/{metric}/{fam}")]
-                assert steps == [3, 6], (child.data.tags["rlhf.trial"], metric, fam, steps)
+        for metric in FAMILY_CURVES:  # proxy and kl per family and balanced; the others balanced (family_curves.png)
+            keys = [f"{metric}/{fam}" for fam in V.FAMILIES + ["balanced"]] if metric in ("proxy", "kl") else [metric]
+            for key in keys:
+                steps = [m.step for m in client.get_metric_history(child.info.run_id, f"train/{key}")]
+                assert steps == [3, 6], (child.data.tags["rlhf.trial"], key, steps)
         assert {"trial/dev/proxy/balanced", "trial/dev/kl/dune"} <= set(child.data.metrics)
         assert {f"trial/guardrail/{g}" for g in ("certifiable", "balanced_gain", "family_change", "family_kl",
                                            "marker_collapse", "beats_champion")} <= set(child.data.metrics)

@@ -172,7 +172,7 @@ def _train(job: Job, out: str | None, register: bool, echo: Callable[[str], None
         logger = T.MetricLogger(stored=stored)
 
         def on_log(step, metrics):
-            logger(step, MN.prefixed(MN.TRAIN, charted(metrics)))
+            logger(step, charted(metrics))
             bar(step, metrics)
 
         saved = []
@@ -251,13 +251,23 @@ def default_name(cfg: RLConfig) -> str:
 
 
 PER_FAMILY = ("proxy", "kl")
-"""The training batch's numbers charted per family; of the others (reward, shaped, kl_k3, entropy,
-top_token_share) only `/balanced`: per family they are in figures/family_curves.png."""
+"""The training batch's numbers charted per family (`train/proxy/dune`, and balanced): the UI's first
+sections, train/kl and train/proxy."""
 
 
 def charted(metrics: dict) -> dict:
-    """The training report's numbers worth a chart each (PER_FAMILY per family, the rest balanced)."""
-    return {k: v for k, v in metrics.items() if "/" not in k or k.endswith("/balanced") or k.split("/")[0] in PER_FAMILY}
+    """The training report's numbers worth a chart each, by the names the run logs them under: PER_FAMILY
+    per family; of the rest the balanced means and the scalars, in one section after those
+    (`entropy/balanced` -> `train/stats/entropy`, `loss` -> `train/stats/loss`; per family the others
+    are in figures/family_curves.png)."""
+    out = {}
+    for key, value in metrics.items():
+        name, _, family = key.partition("/")
+        if name in PER_FAMILY:
+            out[MN.TRAIN + key] = value
+        elif family in ("", "balanced"):
+            out[MN.TRAIN_STATS + name] = value
+    return out
 
 
 def _model_name(recipe: str) -> str:

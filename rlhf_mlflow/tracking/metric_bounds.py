@@ -25,9 +25,9 @@ BOUNDS: tuple[tuple[str, tuple[float, float]], ...] = (
     ("*labels*", (0, 1e9)), ("requests/*", (0, 1e9)), ("*/families_*", (0, 1e3)), ("main/candidates_*", (0, 1e3)),
     ("*seconds", (0, 1e7)), ("*_s", (0, 1e7)), ("*/steps_per_s", (0, 1e6)), ("*ess*", (0, 1e9)),
     # standard errors, correlations, shares
-    ("*/se/*", (0, 1)), ("*pearson*", (-1, 1)), ("*/top_token_share/*", (0, 1)),
+    ("*/se/*", (0, 1)), ("*pearson*", (-1, 1)), ("*/top_token_share*", (0, 1)),
     # KL in nats (the k1 estimate of a batch can be a little negative; k3 cannot)
-    ("*/kl_k3/*", (0, 1e3)), ("*kl*", (-1e3, 1e3)),
+    ("*/kl_k3*", (0, 1e3)), ("*kl*", (-1e3, 1e3)),
     # true quality: the oracle's in [0, 1]; an estimate of it (certify's, the watch's) and its interval's
     # ends may pass 0 or 1 by the interval's width or a doubly robust term, not by a whole unit
     ("truth/*", (0, 1)), ("main/*truth*", (0, 1)), ("main/champion/ceiling_fraction", (0, 10)),
@@ -35,7 +35,7 @@ BOUNDS: tuple[tuple[str, tuple[float, float]], ...] = (
     ("*/gain*", (-2, 2)),
     ("*/shortcut_rise/*", (-8, 8)), ("watch/*", QUALITY), ("bon/watch/*", QUALITY),
     # per-token entropy (nats, a vocabulary of a few dozen tokens)
-    ("*/entropy/*", (0, 100)),
+    ("*/entropy*", (0, 100)),
 )
 """(name pattern, (lowest, highest)): the first pattern (fnmatch, case-sensitive) that matches a
 metric's full name bounds it; a name none matches is bounded by ANY."""

@@ -5,8 +5,11 @@ The README's metric table lists every name; tests/test_story.py holds the store 
 from __future__ import annotations
 
 TRAIN = "train/"
-"""train_rl: the training batch, per logged step (proxy and kl per family; kl_k3, entropy, reward,
-shaped, ... balanced only)."""
+"""train_rl: the training batch, per logged step: `train/proxy/<family>` and `train/kl/<family>` (per family
+and balanced), the sections the MLflow UI shows first."""
+TRAIN_STATS = TRAIN + "stats/"
+"""train_rl's other numbers, in one section after train/proxy: the balanced means of reward, shaped,
+kl_k3, entropy and top_token_share (`train/stats/entropy`) and loss, grad_norm, steps_per_s."""
 WATCH = "watch/"
 """train_rl with its watch on: each family's true quality estimated from the expert set on the training
 step axis (`watch/<family>`, `watch/se/<family>`, `watch/vouched/<family>`) and
