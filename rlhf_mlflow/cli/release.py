@@ -85,7 +85,7 @@ def release_cmd(model_version, certification_run, guardrails, guardrail, lock_wa
 @click.option("--world", default=None, help="Synthetic world whose oracle grades it (default: the default world).")
 @click.option("--n", type=click.IntRange(1), default=4, show_default=True, help="Samples per prompt.")
 def grade_cmd(model_version, world, n):
-    """The oracle's true quality per family (synthetic worlds only), logged as truth/<family>."""
+    """The oracle's true quality per family (synthetic worlds only): truth/balanced, per family grade_families.json."""
     from rlhf_mlflow.steps.grade import run_grade
     echo_json(run_grade(model_version, resolve_world(world), n, echo=echo_err)["truth"])
 
