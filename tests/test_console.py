@@ -91,10 +91,11 @@ def test_the_ceiling_run_prints_its_progress_under_its_name(tiny_world, tmp_path
 
     from rlhf_mlflow.core.world_paths import WorldPaths
     from rlhf_mlflow.steps import main as main_step
+    from rlhf_mlflow.tracking import runs as T
     monkeypatch.setattr(main_step, "CEILING_PROGRESS_EVERY", 1e-9)  # a line at every report
     champion = SimpleNamespace(version=1, tags={"recipe": "default-s800", "checkpoint_step": "4"})
     table = pd.DataFrame({"model_version": ["1"], "truth_balanced": [0.3]})
-    with mlflow.start_run():
+    with T.tracked_run("main", run_name="main"):  # the ceiling is a child of main's run
         main_step._ceiling(WorldPaths(tiny_world), str(tmp_path / "out"), champion, table, 0.005, lambda m: None)
     err = capsys.readouterr().err
     assert re.search(r"^  oracle-reward-default-s800: step 4/4 \(\d+ s\), proxy ", err, re.M), err
