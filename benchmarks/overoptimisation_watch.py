@@ -130,7 +130,7 @@ def family_outcome(r: dict, f: str) -> dict:
 
 
 def summarise(results: dict[str, dict]) -> None:
-    leads, to_drop, missed, clean, false_alarms, gains, fooled = [], [], [], 0, 0, [], []
+    leads, to_drop, missed, clean, false_alarms, gains, fooled, unseen = [], [], [], 0, 0, [], [], []
     xs, ys, within = [], [], []
     for name, r in results.items():
         for f in r["fired"].keys() | r["truth"][0].keys() - {"balanced"}:
@@ -138,6 +138,8 @@ def summarise(results: dict[str, dict]) -> None:
             print(f"  {name:40s} {f:7s} true peak @{o['true_peak_step']:5d}  0.05 drop @{o['drop_step']}  "
                   f"fired @{o['fired']}  unvouched @{o['unvouched']}"
                   + (f" ({r['why'][f]})" if f in r.get("why", {}) else ""))
+            if o["overoptimised"] and not o["seen"]:
+                unseen.append((name, f))
             if o["overoptimised"] and (not o["seen"] or o["over_truth_at"]):
                 fooled.append((name, f, "unseen" if not o["seen"] else f"vouched > truth + {OVER} at "
                                f"{o['over_truth_at'][:3]}"))
@@ -161,7 +163,8 @@ def summarise(results: dict[str, dict]) -> None:
         kept = stop_best(r)
         gains.append(truth_b[kept] - r["truth"][-1]["balanced"])
         print(f"  {name:40s} stop: kept @{kept} truth {truth_b[kept]:.3f} vs end {r['truth'][-1]['balanced']:.3f}")
-    print(f"over-optimised families: {len(leads) + len(missed)} (missed {len(missed)}: {missed})")
+    print(f"over-optimised families: {len(leads) + len(missed)} (alarm fired on {len(leads)}; no alarm on "
+          f"{len(missed)}: {missed}; of those, seen by no longer vouching: {len(missed) - len(unseen)})")
     print(f"watch_lead_to_drop_steps: {statistics.median(to_drop) if to_drop else float('nan')} "
           "(median steps before the truth fell 0.05 below its peak)")
     print(f"corr(watch/<family>, truth/<family>): pooled {np.corrcoef(xs, ys)[0, 1]:.3f}, "
