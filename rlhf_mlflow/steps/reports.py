@@ -87,13 +87,14 @@ def verdict_markdown(version, results: dict, decision: str, report: dict, loosen
     flags = (f" NON-DEFAULT THRESHOLDS: {', '.join(loosened)}." if loosened else "") \
         + (f" Evidence {evidence.split(':')[0]}." if evidence != "recomputed" else "")
     b = report["balanced"]
-    if failing:
-        summary = ", ".join(f"{k} ({_brief(k, why, report)})" for k, why in failing)
-    else:
-        summary = (f"certified balanced {b['estimate']:.3f} {_interval(b)}, gain {b['gain']:+.3f}"
-                   if b.get("certifiable") else "every guardrail passed")
     head = f"{decision.upper()} v{version}: "  # plain: the registry's list shows it raw
-    lines = [head + _cut(summary, max(FIRST_LINE - len(head) - len(flags), 60)) + flags, ""]
+    room = max(FIRST_LINE - len(head) - len(flags), 60)
+    if failing:
+        summary = _failing_summary(failing, report, room)
+    else:
+        summary = _cut(f"certified balanced {b['estimate']:.3f} {_interval(b)}, gain {b['gain']:+.3f}"
+                       if b.get("certifiable") else "every guardrail passed", room)
+    lines = [head + summary + flags, ""]
     lines.append(f"Certified balanced {b['estimate']:.3f} {_interval(b)}, gain {b['gain']:+.3f} "
                  f"{_interval(b, 'gain_', '+.3f')} over the reference {b['reference']:.3f}." if b.get("certifiable")
                  else f"Balanced quality not certifiable ({b['reason']}).")
@@ -113,6 +114,18 @@ def superseded_markdown(version, champion, previous: str | None, direct: bool) -
     by = f"by v{champion}" if direct else f"(champion now v{champion})"
     return (f"SUPERSEDED v{version} {by}: no longer the champion; the verdict it was promoted on follows.\n\n"
             f"Was: {previous or '(no verdict recorded)'}")
+
+
+def _failing_summary(failing: list, report: dict, room: int) -> str:
+    """Every failing guardrail by name, each with its reason in brief while they fit in `room`
+    characters; past that the first keeps what fits of its reason ("…") and the others their names."""
+    full = ", ".join(f"{k} ({_brief(k, why, report)})" for k, why in failing)
+    if len(full) <= room:
+        return full
+    (name, why), rest = failing[0], ", ".join(k for k, _ in failing[1:])
+    left = room - len(name) - 3 - (len(rest) + 2 if rest else 0)
+    first = f"{name} ({_cut(_brief(name, why, report), left)})" if left >= 16 else name
+    return first + (", " + rest if rest else "")
 
 
 def _brief(name: str, why: str, report: dict) -> str:
