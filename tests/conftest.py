@@ -77,3 +77,28 @@ def store_made_once(tmp_path_factory, name: str, build):
 def copy_store(root, tmp_path) -> None:
     """The test's own copy of a store_made_once store (its artifacts stay where the module made them)."""
     shutil.copy(root / "mlflow.db", tmp_path / "mlflow.db")
+
+
+@pytest.fixture(scope="session")
+def story_store(tiny_world, tmp_path_factory):
+    """A store holding one small `main` (made once per session: test_story.py, test_ui_browser.py)."""
+    from click.testing import CliRunner
+
+    from rlhf_mlflow.cli import cli
+
+    def run_main(root):
+        # the test-scale world is too small for RL to gain 0.03 anywhere: a gain of any size is let
+        # through, so that the story has a champion and refused versions
+        res = CliRunner().invoke(cli, ["main", "--world", tiny_world, "--steps-scale", "0.1", "--out", str(root / "out"),
+                                       "--guardrail", "min_balanced_gain=-1", "--guardrail",
+                                       "require_significant_gain=false"])
+        assert res.exit_code == 0, res.output
+        return res.output
+    return store_made_once(tmp_path_factory, "story", run_main)
+
+
+@pytest.fixture
+def story(story_store, tmp_path, tracking_uri) -> str:
+    root, output = story_store
+    copy_store(root, tmp_path)
+    return output

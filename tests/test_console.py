@@ -98,7 +98,7 @@ def test_the_ceiling_run_prints_its_progress_under_its_name(tiny_world, tmp_path
     with T.tracked_run("main", run_name="main"):  # the ceiling is a child of main's run
         main_step._ceiling(WorldPaths(tiny_world), str(tmp_path / "out"), champion, table, 0.005, lambda m: None)
     err = capsys.readouterr().err
-    assert re.search(r"^  oracle-reward-default-s800: step 4/4 \(\d+ s\), proxy ", err, re.M), err
+    assert re.search(r"^  ceiling-default-s800: step 4/4 \(\d+ s\), proxy ", err, re.M), err
     assert table.attrs["ceiling"]["steps"] == 4
 
 

@@ -84,7 +84,8 @@ def test_release_moves_the_champion_only_on_all_pass(tiny_world, tmp_path):
     assert res.exit_code == 0 and '"decision": "refused"' in res.output
     mv = mlflow.MlflowClient().get_model_version(REGISTERED_MODEL, far)
     assert mv.tags["release.decision"] == "refused" and not release_record(mv)["guardrails"]["certifiable"]["pass"]
-    assert mv.description.startswith(f"REFUSED v{far}: certifiable (")
+    assert mv.description.startswith(f"REFUSED v{far}: certifiable")
+    assert mv.tags["failed.certifiable"]  # and the registry's list shows it whole, as a tag
     assert _champion().version == good
     _assert_champion_all_pass()
 

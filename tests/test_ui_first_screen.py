@@ -123,3 +123,24 @@ def test_the_rlhf_app_is_mlflows_server_with_the_ui_defaults_script(tmp_path):
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def test_a_release_leaves_one_failed_tag_per_guardrail_it_failed_and_none_from_before():
+    from rlhf_mlflow.steps.reports import TAG_CHARS, failed_tags
+    _candidates(1)
+    report = {"families": {"ember": {"certifiable": False, "reason": "ESS 6.9 < 10 of 40"},
+                           "dune": {"certifiable": True, "reason": "ok"}}, "balanced": {}}
+    first = {"certifiable": (False, "not certifiable: ember (ESS 6.9 < 10 of 40)"),
+             "family_change": (False, "worse than the reference: ember -0.081 [-0.12, -0.04]"),
+             "beats_champion": (False, "certified balanced 0.086 vs champion 0.089"), "family_kl": (True, "ok")}
+    REG.set_failed("1", failed_tags(first, report, REG.FAILED))
+    tags = REG.get_version("1").tags
+    assert {k for k in tags if k.startswith(REG.FAILED)} == {"failed.certifiable", "failed.family_change",
+                                                            "failed.beats_champion"}
+    assert tags["failed.certifiable"] == "ember" and tags["failed.family_change"] == "ember"
+    assert all(len(k) + len(v) <= TAG_CHARS for k, v in tags.items() if k.startswith(REG.FAILED))
+    REG.set_failed("1", failed_tags({"family_kl": (False, "KL 5.2 > 4 in dune")}, report, REG.FAILED))
+    tags = REG.get_version("1").tags  # a later release: only what it failed
+    assert {k: v for k, v in tags.items() if k.startswith(REG.FAILED)} == {"failed.family_kl": "dune"}
+    REG.set_failed("1", {})
+    assert not [k for k in REG.get_version("1").tags if k.startswith(REG.FAILED)]

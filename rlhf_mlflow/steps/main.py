@@ -99,8 +99,8 @@ def run_main(world: WorldPaths, out_dir: str, steps_scale: float = 1.0, ceiling:
             echo(f"main: every release ran under non-default guardrails: {', '.join(loosened)}")
         T.set_description(story)
         view = publish_front_page(table, parent.info.experiment_id, parent.info.run_id, loosened)
-        echo(f"MLflow UI (`mlflow ui`, http://127.0.0.1:5000): the experiment's page says who is champion; "
-             f"every candidate with its verdict: {view}")
+        echo("MLflow UI: `.venv/bin/mlflow ui --app-name rlhf`, then http://127.0.0.1:5000 (the experiment's page "
+             f"says who is champion); every candidate with its verdict: http://127.0.0.1:5000/{view}")
         T.log_text(story + "\nEvery column (each guardrail, dev proxy, checkpoint step): summary.csv, or "
                    "full_summary.md.\n", "summary.md")
         T.log_text(markdown_table(table), "full_summary.md")
@@ -168,10 +168,10 @@ def _ceiling(world: WorldPaths, out_dir: str, champion, table: pd.DataFrame, ste
           "save_every": 0}
     echo(f"ceiling: {name}'s recipe ({ov['steps']} steps) on the oracle's true reward")
     ckpt = os.path.join(out_dir, "ceiling_policy")  # main's own: an earlier main's ceiling is replaced
-    run_train_rl(load_rl_config(world.config, ov), world=world, out=ckpt, run_name=f"oracle-reward-{name}",
+    run_train_rl(load_rl_config(world.config, ov), world=world, out=ckpt, run_name=f"ceiling-{name}",
                  register=False, tags={"rlhf.oracle": "true"}, echo=lambda m: None, progress=CEILING_PROGRESS_EVERY,
                  overwrite=True)
-    ceiling_truth = run_grade_checkpoint(ckpt, world, run_name=f"grade-oracle-reward-{name}")["truth"]["truth/balanced"]
+    ceiling_truth = run_grade_checkpoint(ckpt, world, run_name="grade-ceiling")["truth"]["truth/balanced"]
     champ_truth = float(table.loc[table["model_version"] == str(champion.version), "truth_balanced"].iloc[0])
     table.attrs["ceiling"] = {"recipe": name, "steps": ov["steps"], "ceiling_truth_balanced": ceiling_truth,
                               "champion_truth_balanced": champ_truth, "fraction": champ_truth / ceiling_truth}

@@ -19,6 +19,7 @@ from rlhf_mlflow.core.world_paths import WORLD_INPUTS, world_file_problem
 from rlhf_mlflow.decisions import certify as C
 from rlhf_mlflow.decisions import guardrails as G
 from rlhf_mlflow.steps.reports import (
+    failed_tags,
     gate_markdown,
     release_markdown,
     superseded_markdown,
@@ -73,6 +74,7 @@ def run_release(version: str, certification_run: str | None = None, guardrails: 
             # the decision is on the version before the alias can move
             REG.set_tags(mv.version, {"release.decision": "promoting" if passed else "refused",
                                       "release.run_id": run.info.run_id})
+            REG.set_failed(mv.version, failed_tags(results, report, REG.FAILED))
             if passed:
                 REG.move_champion(mv.version)
                 REG.set_tags(mv.version, {"release.decision": "promoted"})

@@ -6,6 +6,7 @@ import re
 
 import pandas as pd
 
+from rlhf_mlflow.core import vocab as V
 from rlhf_mlflow.decisions.guardrails import GuardrailConfig
 
 
@@ -142,6 +143,33 @@ def _brief(name: str, why: str, report: dict) -> str:
                         ("certified balanced ", "")):
         why = why.replace(long, short)
     return why
+
+
+TAG_CHARS = 30
+"""What MLflow's UI shows whole of a tag in a list (key and value together)."""
+
+
+def failed_tags(results: dict, report: dict, prefix: str = "failed.") -> dict[str, str]:
+    """Each failing guardrail's brief reason, short enough that its tag shows whole in the registry's
+    list: the brief reason when it fits, else the families it failed on (`ember` rather than `ember: ESS
+    6.9 < 10`)."""
+    out = {}
+    for name, (ok, why) in results.items():
+        if ok:
+            continue
+        room = TAG_CHARS - len(prefix) - len(name)
+        brief = _brief(name, why, report)
+        families = [f for f in V.FAMILIES if re.search(rf"\b{f}\b", why)]
+        if len(brief) <= room:
+            pass
+        elif name != "certifiable" and ("not certifiable" in why or why.startswith("cannot compare")):
+            brief = "unknown"
+        elif name == "beats_champion":
+            brief = "lower"
+        elif families:  # the families it failed on
+            brief = ", ".join(families)
+        out[name] = _cut(brief, room)
+    return out
 
 
 def _cut(text: str, limit: int) -> str:

@@ -246,6 +246,22 @@ def set_tags(version: str | int, tags: dict, name: str = REGISTERED_MODEL) -> No
         c.set_model_version_tag(name, str(version), k, str(v)[:4900])
 
 
+FAILED = "failed."
+"""A version's `failed.<guardrail>` tags: what the registry's list shows of a refusal (MLflow's UI cuts a
+version's description there to its first 29 characters; a tag of up to 30 characters shows whole)."""
+
+
+def set_failed(version: str | int, failed: dict[str, str], name: str = REGISTERED_MODEL) -> None:
+    """One `failed.<guardrail>` tag per guardrail this release failed (a brief reason), none left from an
+    earlier release of the version."""
+    c = client()
+    stale = [k for k in c.get_model_version(name, str(version)).tags
+             if k.startswith(FAILED) and k[len(FAILED):] not in failed]
+    for k in stale:
+        c.delete_model_version_tag(name, str(version), k)
+    set_tags(version, {FAILED + g: why for g, why in failed.items()}, name)
+
+
 def describe(version: str | int | None, text: str, name: str = REGISTERED_MODEL) -> None:
     """The description the registry page shows: the version's (its verdict), or with no version the
     registered model's (left alone when it already says the same)."""
