@@ -10,16 +10,13 @@ import os
 import re
 import shutil
 import subprocess
-import sys
-import time
-import urllib.request
 
 import mlflow
 import pytest
+from conftest import rlhf_ui_server
 
 from rlhf_mlflow.decisions.guardrails import NAMES as GUARDRAILS
 from rlhf_mlflow.tracking import experiment_view as EV
-from rlhf_mlflow.tracking.server import free_port
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 CHART_BOUND = 1e6
@@ -38,24 +35,8 @@ def ui(story, tmp_path):
     """`mlflow server --app-name rlhf` on the story's store, on a free loopback port, until the test ends."""
     if CHROMIUM is None:
         pytest.skip("no chromium on PATH (Debian: apt-get install chromium; .ci/run installs it)")
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--app-name", "rlhf", "--backend-store-uri",
-                             mlflow.get_tracking_uri(), "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
-                            cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 120
-    while True:
-        try:
-            urllib.request.urlopen(url + "/health", timeout=2)
-            break
-        except OSError:
-            if proc.poll() is not None or time.time() > deadline:
-                proc.kill()
-                pytest.fail("mlflow server --app-name rlhf did not answer /health within 120 s")
-            time.sleep(0.5)
-    yield url
-    proc.terminate()
-    proc.wait(timeout=30)
+    with rlhf_ui_server(mlflow.get_tracking_uri(), tmp_path) as url:
+        yield url
 
 
 def _page(url: str, shot, fresh: str) -> str:

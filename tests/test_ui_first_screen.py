@@ -91,27 +91,12 @@ def test_without_a_champion_the_front_page_says_so_and_names_a_loosened_gate():
 def test_the_rlhf_app_is_mlflows_server_with_the_ui_defaults_script(tmp_path):
     """`mlflow server --app-name rlhf`: the index page opens the UI on model training with the
     assistant closed (unless the browser chose otherwise); the REST API is MLflow's."""
-    import subprocess
-    import sys
-    import time
     import urllib.request
 
-    from rlhf_mlflow.tracking.server import free_port
+    from conftest import rlhf_ui_server
+
     from rlhf_mlflow.tracking.ui_app import BOOTSTRAP
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--app-name", "rlhf", "--backend-store-uri",
-                             f"sqlite:///{tmp_path}/ui.db", "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
-                            cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.time() + 120
-        while True:
-            try:
-                urllib.request.urlopen(url + "/health", timeout=2)
-                break
-            except OSError:
-                assert proc.poll() is None and time.time() < deadline, "mlflow server --app-name rlhf did not start"
-                time.sleep(0.5)
+    with rlhf_ui_server(f"sqlite:///{tmp_path}/ui.db", tmp_path) as url:
         index = urllib.request.urlopen(url + "/", timeout=10).read().decode()
         assert index.startswith("<!doctype html>") and BOOTSTRAP in index and index.count(BOOTSTRAP) == 1
         assert index.index(BOOTSTRAP) < index.index("<script defer")  # before the UI's own code runs
@@ -120,9 +105,6 @@ def test_the_rlhf_app_is_mlflows_server_with_the_ui_defaults_script(tmp_path):
         body = json.loads(urllib.request.urlopen(url + "/api/2.0/mlflow/experiments/search?max_results=5",
                                                  timeout=10).read())
         assert [e["name"] for e in body["experiments"]] == ["Default"]
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
 
 
 def test_a_release_leaves_one_failed_tag_per_guardrail_it_failed_and_none_from_before():
