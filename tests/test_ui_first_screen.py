@@ -52,7 +52,7 @@ def _table() -> pd.DataFrame:
         {"candidate": "corrected-kl005-s1200", "model_version": "2", "decision": "promoted", "champion": True,
          "refused_by": "", "certified_balanced": 0.5261, "certified_lo": 0.4712, "certified_hi": 0.5764,
          "truth_balanced": 0.518},
-        {"candidate": "kl05-s800", "model_version": "3", "decision": "promoted", "champion": False,
+        {"candidate": "kl05-s800", "model_version": "3", "decision": "superseded by v2", "champion": False,
          "refused_by": "", "certified_balanced": 0.31, "certified_lo": 0.30, "certified_hi": 0.33,
          "truth_balanced": None}])
 
@@ -65,7 +65,7 @@ def test_the_front_page_names_the_champion_first_and_every_other_candidate_with_
     first, *rest = note.splitlines()
     assert first == "Champion: v2 corrected-kl005-s1200, certified balanced 0.526 [0.471, 0.576], true 0.518"
     assert "- v1 default-s800: refused by family_quality, certifiable" in rest
-    assert "- v3 kl05-s800: promoted" in rest
+    assert "- v3 kl05-s800: superseded by v2" in rest
     assert f"[every candidate with its verdict]({link})" in note and f"#/experiments/{exp}/runs/mainrun" in note
     # the view's columns are the tags on each candidate's run
     view = json.loads(client.get_experiment(exp).tags[EV.VIEW_TAG_PREFIX + EV.VIEW_KEY])
@@ -75,7 +75,8 @@ def test_the_front_page_names_the_champion_first_and_every_other_candidate_with_
     shown = {c.split("`")[1] for c in view["selectedColumns"] if c.startswith("tags.")}
     assert {EV.VERDICT, EV.CERTIFIED, EV.TRUTH} <= shown
     tags = [client.get_run(r).data.tags for r in run_ids]
-    assert [t[EV.VERDICT] for t in tags] == ["refused v1: family_quality, certifiable", "champion v2", "promoted v3"]
+    assert [t[EV.VERDICT] for t in tags] == ["refused v1: family_quality, certifiable", "champion v2",
+                                                "superseded v3 by v2"]
     assert [t[EV.CERTIFIED] for t in tags] == ["not certifiable", "0.526 [0.471, 0.576]", "0.310 [0.300, 0.330]"]
     assert [t[EV.TRUTH] for t in tags] == ["0.342", "0.518", "not graded"]
 

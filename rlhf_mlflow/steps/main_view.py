@@ -14,10 +14,12 @@ def _num(x, fmt: str = ".3f") -> str | None:
 
 
 def verdict(row) -> str:
-    """`champion v3`, `refused v2: family_quality, certifiable`, `superseded v1`, ..."""
+    """`champion v3`, `refused v2: family_quality, certifiable`, `superseded v1 by v3`, ..."""
     decision = "champion" if row["champion"] else (row["decision"] or "undecided")
+    word, _, rest = decision.partition(" ")  # "superseded by v3"
     refused_by = row.get("refused_by") or ""
-    return f"{decision} v{row['model_version']}" + (f": {refused_by}" if decision == "refused" and refused_by else "")
+    return (f"{word} v{row['model_version']}" + (f" {rest}" if rest else "")
+            + (f": {refused_by}" if word == "refused" and refused_by else ""))
 
 
 def certified(row) -> str:
@@ -40,7 +42,7 @@ def front_page(table: pd.DataFrame, experiment_id: str, main_run_id: str, loosen
                 + ": no candidate passed every guardrail")
     if loosened:
         head += f" — under NON-DEFAULT guardrails: {', '.join(loosened)}"
-    others = [f"- v{r['model_version']} {r['candidate']}: {verdict(r).split(' ', 1)[0]}"
+    others = [f"- v{r['model_version']} {r['candidate']}: " + verdict(r).split(":")[0].replace(f" v{r['model_version']}", "")
               + (f" by {r['refused_by']}" if r.get("refused_by") else "")
               for _, r in table.iterrows() if not r["champion"]]
     links = (f"[every candidate with its verdict]({EV.view_link(experiment_id)}) · "
