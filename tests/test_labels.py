@@ -179,7 +179,8 @@ def test_labels_certify_a_policy_the_expert_set_cannot_and_release_promotes_it(t
     assert res.exit_code == 0, res.output
     client = mlflow.MlflowClient()
     mv = client.get_model_version(REGISTERED_MODEL, far)
-    assert len(mv.tags) <= 8 and "expert_labels.total" not in mv.tags  # the count: the certify run's metric
+    shown = [k for k in mv.tags if not k.startswith("failed.")]  # failed.<guardrail>: one per guardrail it failed
+    assert len(shown) <= 8 and "expert_labels.total" not in mv.tags  # the count: the certify run's metric
     run = client.get_run(mv.tags["certification.run_id"])
     assert run.data.metrics["certify/policy_labels/total"] == 120
     table = json.load(open(mlflow.artifacts.download_artifacts(run_id=run.info.run_id,

@@ -64,8 +64,11 @@ def test_dev_eval_links_metrics_to_the_model(tiny_world):
     assert res.exit_code == 0, res.output
     (run,) = _runs("dev_eval")
     assert {d.dataset.name for d in run.inputs.dataset_inputs} == {"prompts_dev.jsonl", "gold_calib.jsonl"}
-    assert {"dev/proxy_mean", "dev/kl_mean", "dev/rm_gold_pearson", "dev/proxy/dune", "dev/proxy/pilot",
+    assert {"dev/proxy_mean", "dev/kl_mean", "dev/rm_gold_pearson", "dev/proxy/balanced",
             "dev/kl/balanced"} <= set(run.data.metrics)
+    assert not {k for k in run.data.metrics if k.endswith(("/dune", "/pilot"))}  # per family: the table
+    table = mlflow.load_table("dev_eval_families.json", run_ids=[run.info.run_id])
+    assert {"dune", "balanced", "pilot"} <= set(table["family"]) and table["proxy"].notna().all()
     model_id = mlflow.models.get_model_info("models:/rlhf-policy/1").model_id
     logged = mlflow.get_logged_model(model_id)
     assert {m.key for m in logged.metrics} >= {"dev/proxy_mean", "dev/kl/balanced"}
