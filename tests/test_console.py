@@ -12,6 +12,7 @@ from types import SimpleNamespace
 
 import mlflow
 import numpy as np
+import pytest
 from click.testing import CliRunner
 
 from rlhf_mlflow.cli import cli
@@ -109,6 +110,7 @@ def _readme_history_snippet() -> str:
     return snippet
 
 
+@pytest.mark.slow  # three interpreters importing mlflow: ~20 s of a suite kept under 10 minutes
 def test_the_readmes_pandas_snippet_runs_as_written_from_any_directory(tmp_path, tmp_path_factory):
     """Against a real store holding a train_rl run: from a directory below the checkout, from one outside
     it with MLFLOW_TRACKING_URI, and, in a checkout without a store, a clear error and no new ./mlflow.db."""
