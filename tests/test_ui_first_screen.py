@@ -127,3 +127,14 @@ def test_a_release_leaves_one_failed_tag_per_guardrail_it_failed_and_none_from_b
     assert {k: v for k, v in tags.items() if k.startswith(REG.FAILED)} == {"failed.family_kl": "dune"}
     REG.set_failed("1", {})
     assert not [k for k in REG.get_version("1").tags if k.startswith(REG.FAILED)]
+
+
+def test_a_later_main_with_a_new_champion_relabels_the_former_one_in_the_view():
+    exp, run_ids = _candidates(3)
+    main_view.publish(_table(), exp, "main1", loosened=[])  # v2 champion
+    client = mlflow.MlflowClient()
+    client.set_registered_model_alias(REG.REGISTERED_MODEL, "champion", "3")  # a later main promoted v3
+    later = _table().iloc[[2]].assign(champion=True, decision="promoted")
+    main_view.publish(later, exp, "main2", loosened=[])
+    verdicts = [client.get_run(r).data.tags[EV.VERDICT] for r in run_ids]
+    assert verdicts == ["refused v1: family_quality, certifiable", "superseded v2 by v3", "champion v3"]

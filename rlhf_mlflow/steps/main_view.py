@@ -42,13 +42,17 @@ def front_page(table: pd.DataFrame, experiment_id: str, main_run_id: str, loosen
                 + ": no candidate passed every guardrail")
     if loosened:
         head += f" — under NON-DEFAULT guardrails: {', '.join(loosened)}"
-    others = [f"- v{r['model_version']} {r['candidate']}: " + verdict(r).split(":")[0].replace(f" v{r['model_version']}", "")
-              + (f" by {r['refused_by']}" if r.get("refused_by") else "")
-              for _, r in table.iterrows() if not r["champion"]]
+    others = [_other(r) for _, r in table.iterrows() if not r["champion"]]
     links = (f"[every candidate with its verdict]({EV.view_link(experiment_id)}) · "
              f"[main's summary](#/experiments/{experiment_id}/runs/{main_run_id}) · "
              f"[the registry](#/models/{REG.REGISTERED_MODEL})")
     return "\n".join([head, "", *(["Not the champion:", *others, ""] if others else []), links]) + "\n"
+
+
+def _other(row) -> str:
+    """`- v3 default-s800: refused by certifiable, family_change`, `- v6 fourfam-s800: superseded by v7`."""
+    decision = (row["decision"] or "undecided") + (f" by {row['refused_by']}" if row.get("refused_by") else "")
+    return f"- v{row['model_version']} {row['candidate']}: {decision}"
 
 
 def publish(table: pd.DataFrame, experiment_id: str, main_run_id: str, loosened: list[str]) -> str:
@@ -58,6 +62,9 @@ def publish(table: pd.DataFrame, experiment_id: str, main_run_id: str, loosened:
         truth = _num(row.get("truth_balanced"))
         EV.label_candidate(REG.get_version(row["model_version"]).run_id, verdict(row), certified(row),
                            truth or "not graded")
+    champion = REG.champion_version()
+    if champion is not None:  # an earlier main's champion, replaced since, says so in the view too
+        EV.relabel_former_champions(experiment_id, str(champion.version))
     EV.mark_kind(experiment_id)  # `mlflow run --experiment-name` creates the experiment without it
     link = EV.publish_view(experiment_id)
     EV.publish_front_page(experiment_id, front_page(table, experiment_id, main_run_id, loosened))

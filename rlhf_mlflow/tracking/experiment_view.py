@@ -58,3 +58,13 @@ def label_candidate(run_id: str, verdict: str, certified: str, truth: str) -> No
     client = mlflow.MlflowClient()
     for key, value in ((VERDICT, verdict), (CERTIFIED, certified), (TRUTH, truth)):
         client.set_tag(run_id, key, value)
+
+
+def relabel_former_champions(experiment_id: str, champion: str) -> None:
+    """Candidate runs whose verdict still says `champion vN` for a version the alias has left now say
+    `superseded vN by v<champion>`."""
+    client = mlflow.MlflowClient()
+    for run in client.search_runs([experiment_id], f"tags.`{VERDICT}` LIKE 'champion v%'"):
+        version = run.data.tags[VERDICT].split()[1][1:]
+        if version != champion:
+            client.set_tag(run.info.run_id, VERDICT, f"superseded v{version} by v{champion}")
