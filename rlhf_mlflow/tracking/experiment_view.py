@@ -1,9 +1,9 @@
 """What a user sees first when they open the experiment in MLflow's UI.
 
-MLflow 3.17's UI picks an experiment's default page from its `mlflow.experimentKind` tag: without it,
-an experiment whose runs log no training metrics it recognises opens on a GenAI overview (traces,
-"Evaluation runs"), with the runs table one toggle away. `mark_kind` tags the experiment as custom
-model development, so it opens on its runs.
+An experiment's `mlflow.experimentKind` tag says which page MLflow's UI opens it on; `mark_kind` makes
+it custom model development (its runs). MLflow 3.17's UI reads it only without its browser-side GenAI /
+Model training switch, which defaults to GenAI (a GenAI overview with the runs one toggle away): the
+`rlhf` server app (ui_app.py) defaults that switch to model training.
 
 The experiment's description (`mlflow.note.content`, shown above the runs) is `main`'s front page:
 who is champion and why not the others. Its link opens a *shared view* of the runs table (an
