@@ -3,6 +3,7 @@
     python -m rlhf_mlflow.certify --policy D --reference D --gold F --out F [--rm-dir D ...] [--policy-labels F]
     python -m rlhf_mlflow.diagnostic --rm-dir D --policy-dir D --prompts F [--gold F] --out F
     python -m rlhf_mlflow.label_requests --policy D --reference D --gold F --per-family K --out F
+    python -m rlhf_mlflow.repair_rm --rm-dir D --qa F [--gold F] --labels F [F ...] [--diagnostic F] --out D
 
 Same computation as the `certify` and `diagnostic` steps (decisions/), JSON to --out; bad input prints
 `error: ...` and exits 2, with no output file.
@@ -16,6 +17,7 @@ from collections.abc import Callable
 
 from rlhf_mlflow.core.errors import InputError
 from rlhf_mlflow.core.files import atomic_write_json, atomic_write_text, check_out_is_free, check_writable
+from rlhf_mlflow.training.repair_rm import RepairConfig as RepairDefaults
 
 
 def certify_main(argv: list[str] | None = None) -> int:
@@ -85,19 +87,60 @@ def diagnostic_main(argv: list[str] | None = None) -> int:
     return _run(work, a)
 
 
-def _run(work: Callable[[], dict | list[dict]], a: argparse.Namespace, jsonl: bool = False) -> int:
-    """`work()` written to --out, which must be no input path of the command's and lie in no world."""
+def repair_main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m rlhf_mlflow.repair_rm",
+                                 description="Repair a reward model with expert labels (training/repair_rm.py); "
+                                             "writes a seed-format reward-model directory.")
+    ap.add_argument("--rm-dir", required=True, help="the parent reward model directory")
+    ap.add_argument("--qa", required=True, help="the crowd's QA sample (labelled JSONL, e.g. reward_model/train.jsonl)")
+    ap.add_argument("--gold", default=None, help="the expert set (labelled reference samples, data/gold_calib.jsonl)")
+    ap.add_argument("--labels", required=True, nargs="+",
+                    help="every expert labels file bought on policies' own responses (labels in [0, 1])")
+    ap.add_argument("--diagnostic", default=None, help="diagnostic evidence JSON: its flagged shortcuts' premiums "
+                                                        "are taken out of the crowd's labels")
+    ap.add_argument("--out", required=True, help="the repaired reward model's directory")
+    ap.add_argument("--epochs", type=int, default=RepairDefaults.epochs)
+    ap.add_argument("--lr", type=float, default=RepairDefaults.lr)
+    ap.add_argument("--crowd-weight", type=float, default=RepairDefaults.crowd_weight)
+    ap.add_argument("--seed", type=int, default=0)
+    a = ap.parse_args(argv)
+
+    def work() -> dict:
+        from rlhf_mlflow.decisions.correction import fit_corrections
+        from rlhf_mlflow.decisions.label_requests import read_label_files
+        from rlhf_mlflow.training import repair_rm as RR
+        from rlhf_mlflow.core import records as D
+        from rlhf_mlflow.core import reward_model as R
+        from rlhf_mlflow.core.errors import read_json
+        cfg = RR.RepairConfig(epochs=a.epochs, lr=a.lr, crowd_weight=a.crowd_weight, seed=a.seed)
+        qa = D.read_jsonl(a.qa, labelled=True)
+        rules = fit_corrections(read_json(a.diagnostic), qa, a.diagnostic) if a.diagnostic else []
+        experts = (D.read_jsonl(a.gold, labelled=True) if a.gold else []) + read_label_files(a.labels)
+        _, rm_config = R.load_rm(a.rm_dir)
+        rm, info = RR.repair(a.rm_dir, qa, experts, rules, cfg)
+        RR.save_repaired(rm, rm_config, qa, info, a.out)
+        return info
+    return _run(work, a, directory=True)
+
+
+def _run(work: Callable[[], dict | list[dict]], a: argparse.Namespace, jsonl: bool = False,
+         directory: bool = False) -> int:
+    """`work()` written to --out, which must be no input path of the command's and lie in no world
+    (`directory`: work writes the directory --out itself; its result is not written)."""
     from rlhf_mlflow.core.process import configure_threads
     configure_threads()
     out = a.out
     reads = {f"--{k.replace('_', '-')}": v for k, v in vars(a).items() if k != "out" and isinstance(v, str)}
+    reads.update({f"--labels[{i}]": v for i, v in enumerate(getattr(a, "labels", None) or [])})
     try:
         check_out_is_free(out, reads)
-        check_writable(out)
+        check_writable(out, directory=directory)
         result = work()
     except InputError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    if directory:
+        return 0
     if jsonl:
         atomic_write_text(out, "".join(json.dumps(r) + "\n" for r in result))
     else:

@@ -75,3 +75,25 @@ def check_labels(labels: list[dict], requests: list[dict] | None, where: str) ->
 def read_labels(path: str) -> list[dict]:
     """A labels file (records with `label`), checked as check_labels does without the requests."""
     return check_labels(D.read_jsonl(path, labelled=True), None, path)
+
+
+def read_label_files(paths: list[str]) -> list[dict]:
+    """Every labels file read as read_labels does, with no id in two files (the same label counted twice)."""
+    out, where = [], {}
+    for path in paths:
+        for i, rec in enumerate(read_labels(path), 1):
+            if rec["id"] in where:
+                raise InputError(f"{path}: record {i} (id {rec['id']!r}): duplicated id, already in {where[rec['id']]}")
+            where[rec["id"]] = f"{path} record {i}"
+            out.append(rec)
+    return out
+
+
+def check_prompts_known(labels: list[dict], prompt_files: dict[str, list[dict]], world: str) -> None:
+    """InputError unless every label's prompt (family and attributes) is one of the world's prompts
+    (`prompt_files`: path -> records): labels for another world are caught here."""
+    known = {(r["family"], tuple(r["attrs"])) for rows in prompt_files.values() for r in rows}
+    for i, rec in enumerate(labels, 1):
+        if (rec["family"], tuple(rec["attrs"])) not in known:
+            raise InputError(f"label {i} (id {rec['id']!r}, {rec['family']} {rec['attrs']}): its prompt is in none of "
+                             f"world {world}'s prompt files ({', '.join(prompt_files)}): labels for another world?")

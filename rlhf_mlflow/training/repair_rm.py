@@ -1,0 +1,269 @@
+"""Reward-model repair: fine-tune a reward model on what the experts said, and measure how well it agrees
+with them on labels it did not train on.
+
+The data are three kinds of labelled records (seed format):
+  crowd   the vendor's QA sample (reward_model/train.jsonl), with the premiums the crowd paid for each
+          flagged shortcut taken out of its labels (`remove_premiums`: the diagnostic's rules, each
+          with the QA labels' fitted slope), so the repaired model is not taught the shortcut again;
+  expert  the expert set (off-policy: the reference's samples) and every label bought on a policy's
+          own responses (on-policy: where the policy went and the reward model was wrong).
+Each kind is weighted by its measured noise: the out-of-fold mean squared error of the parent's fit
+to that kind (`kind_weights`, inverse variance, relative to the expert labels). `crowd_weight`
+scales the crowd's share on top (0 drops the crowd; 1 by measurement, docs/REPAIR.md).
+
+Agreement is cross-validated: the expert labels are split into folds, a model is fine-tuned without
+each fold, and its scores on that fold are compared with the labels, per family (Pearson r, a
+Fisher-z 95% interval); the parent is scored on the same rows, and the paired difference is the
+gate's evidence (decisions/rm_gate.py).
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from rlhf_mlflow.core import records as D
+from rlhf_mlflow.core import reward_model as R
+from rlhf_mlflow.core import shortcut_rules as SR
+from rlhf_mlflow.core import vocab as V
+from rlhf_mlflow.core.config import check_range
+
+OnLog = Callable[[int, dict], None]
+
+
+@dataclass(frozen=True)
+class RepairConfig:
+    epochs: int = 10
+    """Passes over the repair data (fine-tuning from the parent; docs/REPAIR.md)."""
+    lr: float = 5e-4
+    """Adam learning rate of the fine-tune."""
+    batch_size: int = 128
+    crowd_weight: float = 1.0
+    """Multiplier on the crowd kind's noise weight (0: the crowd QA sample is not used; docs/REPAIR.md)."""
+    folds: int = 3
+    """Folds of the cross-validated agreement (each a fine-tune of its own)."""
+    anchors: int = 2000
+    """Reference responses labelled by the parent minus its flagged premiums (`anchor_rows`), learned as
+    crowd rows: they keep what the parent knows where the few expert labels say nothing (docs/REPAIR.md)."""
+    seed: int = 0
+
+    def __post_init__(self):
+        check_range("epochs", self.epochs, 1, 10_000, integer=True)
+        check_range("lr", self.lr, 0, 1, lo_open=True)
+        check_range("batch_size", self.batch_size, 1, 1_000_000, integer=True)
+        check_range("crowd_weight", self.crowd_weight, 0, 100)
+        check_range("folds", self.folds, 2, 20, integer=True)
+        check_range("anchors", self.anchors, 0, 1_000_000, integer=True)
+        check_range("seed", self.seed, 0, None, integer=True)
+
+
+def remove_premiums(crowd: list[dict], rules: list[dict]) -> list[dict]:
+    """The crowd records with each flagged shortcut's premium taken out of the label: per occurrence, the
+    QA labels' fitted slope (`label_slope`; the model's paid `bonus` where the QA sample could not say)."""
+    if not rules or not crowd:
+        return [dict(r) for r in crowd]
+    prompts, responses = D.prompts_tensor(crowd), D.responses_tensor(crowd)
+    premium = torch.zeros(len(crowd))
+    for rule in rules:
+        paid = rule.get("label_slope")
+        paid = rule["bonus"] if paid is None else paid
+        premium += float(paid) * SR.counts(rule, prompts, responses).float()
+    return [{**r, "label": round(float(r["label"]) - float(p), 4)} for r, p in zip(crowd, premium)]
+
+
+def anchor_rows(parent_dir: str, policy_dir: str, prompts: list[dict], n: int, rules: list[dict],
+                seed: int = 0) -> list[dict]:
+    """n of the reference policy's responses (temperature 1) to the given prompts, labelled by the parent's
+    own score minus what it pays for each flagged shortcut (the rules' `bonus`): what the parent knows where
+    the crowd labelled, without its shortcuts, so a few expert labels do not overwrite it."""
+    from rlhf_mlflow.core import model as M
+    from rlhf_mlflow.core import rollout
+    if n <= 0 or not prompts:
+        return []
+    gen = torch.Generator().manual_seed(seed + 23)
+    picks = [prompts[int(i)] for i in torch.randint(0, len(prompts), (n,), generator=gen)]
+    p = D.prompts_tensor(picks)
+    with torch.no_grad():
+        y = rollout.sample(M.load_policy(policy_dir)[0], p, 1, 1.0, gen)
+    score = R.score(R.load_rm(parent_dir)[0], p, y)
+    for rule in rules:
+        score = score - float(rule["bonus"]) * SR.counts(rule, p, y).float()
+    return [{"id": f"anchor-{k}", "family": r["family"], "attrs": list(r["attrs"]), "response": V.decode_response(y[k]),
+             "label": round(float(score[k]), 4)} for k, r in enumerate(picks)]
+
+
+def _tensors(rows: list[dict]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    ids = torch.cat([D.prompts_tensor(rows), D.responses_tensor(rows)], 1)
+    return ids, D.labels_tensor(rows), D.family_index(rows)
+
+
+def fine_tune(parent_dir: str, rows: list[dict], weights: torch.Tensor, cfg: RepairConfig,
+              on_log: OnLog | None = None) -> R.RewardModel:
+    """The parent fine-tuned on `rows` by weighted MSE (weights (N,), >= 0)."""
+    torch.manual_seed(cfg.seed)
+    gen = torch.Generator().manual_seed(cfg.seed + 1)
+    rm, _ = R.load_rm(parent_dir)
+    rm.train()
+    ids, y, _ = _tensors(rows)
+    keep = weights > 0
+    ids, y, w = ids[keep], y[keep], weights[keep]
+    opt = torch.optim.Adam(rm.parameters(), lr=cfg.lr)
+    for epoch in range(1, cfg.epochs + 1):
+        perm, loss_sum = torch.randperm(len(y), generator=gen), 0.0
+        for i in range(0, len(y), cfg.batch_size):
+            b = perm[i:i + cfg.batch_size]
+            loss = (w[b] * (rm(ids[b]) - y[b]) ** 2).sum() / w[b].sum()
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            loss_sum += loss.item() * len(b)
+        if on_log is not None:
+            on_log(epoch, {"loss": loss_sum / max(1, len(y))})
+    return rm.eval()
+
+
+def fold_of(rows: list[dict], folds: int, seed: int) -> torch.Tensor:
+    """A fold per row, balanced within each family."""
+    out = torch.zeros(len(rows), dtype=torch.long)
+    gen = torch.Generator().manual_seed(seed + 7)
+    fam = D.family_index(rows)
+    for i in range(len(V.FAMILIES)):
+        idx = (fam == i).nonzero().flatten()
+        out[idx[torch.randperm(len(idx), generator=gen)]] = torch.arange(len(idx)) % folds
+    return out
+
+
+def kind_weights(parent_dir: str, kinds: dict[str, list[dict]]) -> dict[str, float]:
+    """Inverse-variance weight per kind of label, relative to the expert kind: 1 / the mean squared
+    error of the parent's scores against that kind's labels, after a per-kind linear calibration."""
+    rm, _ = R.load_rm(parent_dir)
+    mse = {}
+    for kind, rows in kinds.items():
+        if len(rows) < 3:
+            continue
+        ids, y, _ = _tensors(rows)
+        s = R.score(rm, ids[:, :V.PROMPT_LEN], ids[:, V.PROMPT_LEN:])
+        a = torch.stack([s, torch.ones_like(s)], 1)
+        fit = torch.linalg.lstsq(a, y[:, None]).solution
+        mse[kind] = max(float(((a @ fit).squeeze(1) - y).pow(2).mean()), 1e-6)
+    ref = mse.get("expert", min(mse.values(), default=1.0))
+    return {k: ref / v for k, v in mse.items()}
+
+
+def pearson_interval(x: torch.Tensor, y: torch.Tensor) -> dict:
+    """Pearson r with its Fisher-z 95% interval (n >= 4; else r only, the interval the whole range).
+    Scores that do not vary rank nothing: r = 0."""
+    n = int(x.numel())
+    if n < 3 or float(x.std()) == 0 or float(y.std()) == 0:
+        return {"r": 0.0, "lo": -1.0, "hi": 1.0, "n": n}
+    r = float(torch.corrcoef(torch.stack([x.float(), y.float()]))[0, 1])
+    if n < 4:
+        return {"r": r, "lo": -1.0, "hi": 1.0, "n": n}
+    z, half = math.atanh(max(min(r, 0.999999), -0.999999)), 1.96 / math.sqrt(n - 3)
+    return {"r": r, "lo": math.tanh(z - half), "hi": math.tanh(z + half), "n": n}
+
+
+def per_family_agreement(scores: torch.Tensor, labels: torch.Tensor, fam: torch.Tensor) -> dict[str, dict]:
+    return {f: pearson_interval(scores[fam == i], labels[fam == i])
+            for i, f in enumerate(V.FAMILIES) if int((fam == i).sum()) >= 3}
+
+
+@dataclass
+class RepairData:
+    """The repair's rows, their kind ('crowd' / 'expert') and weight."""
+    rows: list[dict]
+    kinds: list[str]
+    weights: torch.Tensor
+    kind_weight: dict[str, float]
+
+    @classmethod
+    def build(cls, parent_dir: str, crowd: list[dict], experts: list[dict], cfg: RepairConfig) -> "RepairData":
+        kw = kind_weights(parent_dir, {"crowd": crowd, "expert": experts})
+        kw["crowd"] = kw.get("crowd", 0.0) * cfg.crowd_weight
+        kw["expert"] = kw.get("expert", 1.0)
+        kinds = ["crowd"] * len(crowd) + ["expert"] * len(experts)
+        return cls(crowd + experts, kinds, torch.tensor([kw[k] for k in kinds], dtype=torch.float32), kw)
+
+    def expert_index(self) -> torch.Tensor:
+        return torch.tensor([i for i, k in enumerate(self.kinds) if k == "expert"], dtype=torch.long)
+
+
+def cross_validated(parent_dir: str, data: RepairData, cfg: RepairConfig,
+                    on_fold: Callable[[int], None] | None = None) -> dict:
+    """Out-of-fold scores of the repaired recipe and the parent's scores on every expert label, with
+    per-family agreement of each: {"child": {F: {r, lo, hi, n}}, "parent": {...}, "rows": [...]}."""
+    idx = data.expert_index()
+    experts = [data.rows[int(i)] for i in idx]
+    folds = fold_of(experts, cfg.folds, cfg.seed)
+    ids, y, fam = _tensors(experts)
+    child = torch.zeros(len(experts))
+    for k in range(cfg.folds):
+        if on_fold is not None:
+            on_fold(k)
+        weights = data.weights.clone()
+        weights[idx[folds == k]] = 0.0  # the fold's labels are held out
+        rm = fine_tune(parent_dir, data.rows, weights, cfg)
+        held = folds == k
+        child[held] = R.score(rm, ids[held, :V.PROMPT_LEN], ids[held, V.PROMPT_LEN:])
+    parent_rm, _ = R.load_rm(parent_dir)
+    parent = R.score(parent_rm, ids[:, :V.PROMPT_LEN], ids[:, V.PROMPT_LEN:])
+    return {"child": per_family_agreement(child, y, fam), "parent": per_family_agreement(parent, y, fam),
+            "difference": paired_difference(child, parent, y, fam, cfg.seed)}
+
+
+def paired_difference(child: torch.Tensor, parent: torch.Tensor, y: torch.Tensor, fam: torch.Tensor,
+                      seed: int, draws: int = 400) -> dict[str, dict]:
+    """Per family: child r minus parent r on the same labels, with a paired bootstrap 95% interval."""
+    gen = torch.Generator().manual_seed(seed + 11)
+    out = {}
+    for i, f in enumerate(V.FAMILIES):
+        m = (fam == i).nonzero().flatten()
+        if len(m) < 4:
+            continue
+        c, p, t = child[m], parent[m], y[m]
+        point = _r(c, t) - _r(p, t)
+        boot = torch.randint(0, len(m), (draws, len(m)), generator=gen)
+        diffs = torch.tensor([_r(c[b], t[b]) - _r(p[b], t[b]) for b in boot])
+        diffs = diffs[torch.isfinite(diffs)]
+        lo, hi = (float(torch.quantile(diffs, 0.025)), float(torch.quantile(diffs, 0.975))) if len(diffs) else (-2.0, 2.0)
+        out[f] = {"diff": point, "lo": lo, "hi": hi, "n": len(m)}
+    return out
+
+
+def _r(x: torch.Tensor, y: torch.Tensor) -> float:
+    """Pearson r; 0 where either side does not vary (constant scores rank nothing)."""
+    if float(x.std()) == 0 or float(y.std()) == 0:
+        return 0.0
+    return float(torch.corrcoef(torch.stack([x, y]))[0, 1])
+
+
+def repair(parent_dir: str, crowd: list[dict], experts: list[dict], rules: list[dict], cfg: RepairConfig,
+           on_log: OnLog | None = None, on_fold: Callable[[int], None] | None = None,
+           anchors: list[dict] | None = None) -> tuple[R.RewardModel, dict]:
+    """The repaired model (fine-tuned from `parent_dir` on the crowd with the `rules`' premiums removed,
+    the `anchors` (anchor_rows: already without premiums) and every expert label) and what it measured:
+    kind weights, cross-validated agreement."""
+    data = RepairData.build(parent_dir, remove_premiums(crowd, rules) + list(anchors or []), experts, cfg)
+    cv = cross_validated(parent_dir, data, cfg, on_fold)
+    rm = fine_tune(parent_dir, data.rows, data.weights, cfg, on_log)
+    counts = {k: data.kinds.count(k) for k in ("crowd", "expert")}
+    return rm, {"kind_weight": data.kind_weight, "rows": counts, "agreement": cv}
+
+
+REPORT = "repair.json"
+"""What the repair measured, beside the weights in its output directory."""
+
+
+def save_repaired(rm: R.RewardModel, rm_config: dict, qa: list[dict], info: dict, out_dir: str) -> None:
+    """A seed-format reward-model directory (rm.safetensors, config.json, train.jsonl: the QA sample as
+    given, so the diagnostic can audit the repaired model) plus repair.json, whole or not at all."""
+    import json
+
+    from rlhf_mlflow.core.files import atomic_dir
+    with atomic_dir(out_dir) as tmp:
+        R.save_rm(rm, rm_config, tmp)
+        D.write_jsonl(f"{tmp}/train.jsonl", qa)
+        with open(f"{tmp}/{REPORT}", "w") as f:
+            json.dump(info, f, indent=1)
