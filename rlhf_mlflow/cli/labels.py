@@ -1,9 +1,11 @@
-"""`rlhf-mlflow label-requests | expert-label`: buying expert labels on a candidate's own responses."""
+"""`rlhf-mlflow label-requests | expert-label | repair-rm`: buying expert labels on a candidate's own responses,
+and repairing the reward model with them."""
 from __future__ import annotations
 
 import click
 
 from rlhf_mlflow.cli.options import echo_err, echo_json, resolve_world, world_option
+from rlhf_mlflow.training.repair_rm import RepairConfig as RepairDefaults
 
 
 @click.command("label-requests")
@@ -36,4 +38,34 @@ def expert_label_cmd(world, requests, out):
     echo_json({"labels": len(labels), "out": out})
 
 
-COMMANDS = (label_requests_cmd, expert_label_cmd)
+@click.command("repair-rm")
+@world_option
+@click.option("--labels", required=True,
+              help="Comma-separated expert labels files bought on policies' own responses (the expert set is "
+                   "always included).")
+@click.option("--diagnostic", default=None,
+              help="The diagnostic's evidence JSON for the parent: its flagged premiums are taken out of the crowd's "
+                   "labels, and the repaired model may not be flagged for them again.")
+@click.option("--parent-version", default=None,
+              help="The rlhf-reward-model version to repair (default: this world's production, else its own model).")
+@click.option("--out", required=True, help="The repaired reward model's directory (seed format).")
+@click.option("--epochs", type=click.IntRange(1), default=RepairDefaults.epochs, show_default=True,
+              help="Fine-tuning passes over the repair data.")
+@click.option("--lr", type=float, default=RepairDefaults.lr, show_default=True, help="Fine-tuning learning rate.")
+@click.option("--crowd-weight", type=float, default=RepairDefaults.crowd_weight, show_default=True,
+              help="Multiplier on the crowd QA sample's noise weight (0: not used).")
+@click.option("--seed", type=int, default=0, show_default=True)
+def repair_rm_cmd(world, labels, diagnostic, parent_version, out, epochs, lr, crowd_weight, seed):
+    """Repair the reward model with every expert label so far; register it; promote it to production only
+    if it agrees with the experts at least as well as its parent and pays no flagged shortcut again."""
+    from rlhf_mlflow.steps.outputs import check_out
+    from rlhf_mlflow.steps.repair_rm import run_repair_rm
+    from rlhf_mlflow.training.repair_rm import RepairConfig
+    paths = [p.strip() for p in labels.split(",") if p.strip()]
+    check_out(out, {"--diagnostic": diagnostic, **{f"--labels[{i}]": p for i, p in enumerate(paths)}}, directory=True)
+    cfg = RepairConfig(epochs=epochs, lr=lr, crowd_weight=crowd_weight, seed=seed)
+    result = run_repair_rm(resolve_world(world), paths, out, diagnostic, parent_version, cfg, echo=echo_err)
+    echo_json({k: result[k] for k in ("version", "parent_version", "promoted", "gate", "out", "run_id")})
+
+
+COMMANDS = (label_requests_cmd, expert_label_cmd, repair_rm_cmd)

@@ -58,10 +58,10 @@ def version_uri(version: str | int, name: str = REGISTERED_MODEL) -> str:
     return f"models:/{name}/{version}"
 
 
-def champion_version(name: str = REGISTERED_MODEL):
-    """The version the `champion` alias points at, or None."""
+def champion_version(name: str = REGISTERED_MODEL, alias: str = CHAMPION):
+    """The version the `champion` alias (or `alias`) points at, or None."""
     try:
-        return client().get_model_version_by_alias(name, CHAMPION)
+        return client().get_model_version_by_alias(name, alias)
     except mlflow.exceptions.MlflowException:
         return None
 
@@ -273,13 +273,13 @@ def describe(version: str | int | None, text: str, name: str = REGISTERED_MODEL)
         c.update_model_version(name, str(version), description=text)
 
 
-def move_champion(version: str | int, name: str = REGISTERED_MODEL) -> None:
-    """Point `champion` at the version and read it back (a writer that bypassed the release lock
-    would show here)."""
-    client().set_registered_model_alias(name, CHAMPION, str(version))
-    now = champion_version(name)
+def move_champion(version: str | int, name: str = REGISTERED_MODEL, alias: str = CHAMPION) -> None:
+    """Point `champion` (or `alias`) at the version and read it back (a writer that bypassed the release
+    lock would show here)."""
+    client().set_registered_model_alias(name, alias, str(version))
+    now = champion_version(name, alias)
     if now is None or str(now.version) != str(version):
-        raise RuntimeError(f"champion alias reads {now.version if now else None} right after moving it to {version}")
+        raise RuntimeError(f"{alias} alias reads {now.version if now else None} right after moving it to {version}")
 
 
 def download_policy(version: str | int, name: str = REGISTERED_MODEL) -> tuple[str, str]:

@@ -1,0 +1,145 @@
+"""The `repair_rm` step: a reward model repaired with every expert label so far, registered as a version
+of `rlhf-reward-model` with its lineage, and promoted to `production` only through the gate.
+
+parent (a version, `production` of this world, or the world's own reward model, registered on first
+use as its lineage's root) -> training/repair_rm.py (crowd QA minus the flagged premiums, the expert
+set, every bought labels file; cross-validated agreement per family against the parent) -> the
+diagnostic on the repaired model -> decisions/rm_gate.py -> a new version (tags parent_version,
+world_hash, recipe, sha256; dataset inputs with digests) -> `production` moved, or REFUSED with why.
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Callable
+from dataclasses import asdict
+
+import pandas as pd
+
+from rlhf_mlflow.core import records as D
+from rlhf_mlflow.core import reward_model as R
+from rlhf_mlflow.core import shortcut_rules as SR
+from rlhf_mlflow.core.checkpoint import content_sha256
+from rlhf_mlflow.core.errors import read_json
+from rlhf_mlflow.core.world_paths import WorldPaths
+from rlhf_mlflow.decisions import rm_gate
+from rlhf_mlflow.decisions.correction import fit_corrections
+from rlhf_mlflow.decisions.diagnostic import run_diagnostic
+from rlhf_mlflow.decisions.label_requests import check_prompts_known, read_label_files
+from rlhf_mlflow.steps.outputs import check_out
+from rlhf_mlflow.tracking import metric_names as MN
+from rlhf_mlflow.tracking import rm_registry as RMR
+from rlhf_mlflow.tracking import runs as T
+from rlhf_mlflow.training import repair_rm as RR
+
+
+def _world_hash(world: WorldPaths) -> str:
+    return (world.manifest() or {}).get("world_hash") or content_sha256(world.reward_model)[:16]
+
+
+def _checked_labels(world: WorldPaths, labels: list[str]) -> list[dict]:
+    rows = read_label_files(labels)
+    prompts = {p: D.read_jsonl(p) for p in (world.expert_set, world.prompts_train, world.prompts_dev)}
+    check_prompts_known(rows, prompts, world.root)
+    return rows
+
+
+def _parent(world: WorldPaths, parent_version: str | None, tmp: str, run_id: str) -> tuple[str, str, str | None]:
+    """(local directory, version) of the model to fine-tune, and the production version it would replace.
+    By default the world's own model (registered on first use as its lineage's root): every repair starts
+    from it with every label so far, so its agreement is compared with a parent that never saw them."""
+    h = _world_hash(world)
+    current = RMR.production()
+    replaces = str(current.version) if current is not None and current.tags.get("world_hash") == h else None
+    if parent_version:
+        return RMR.download(parent_version, tmp), str(parent_version), replaces
+    root = RMR.find(h, content_sha256(world.reward_model))
+    if root is not None:
+        return RMR.download(root.version, tmp), str(root.version), replaces
+    T.log_artifact(world.reward_model, "world_reward_model")
+    text = f"World {h}'s own reward model: the root of its repairs."
+    version = RMR.register(run_id, world.reward_model, {"world_hash": h, "parent_version": "none",
+                                                        "recipe": "the world's own"}, text, artifact="world_reward_model")
+    if replaces is None:
+        RMR.decide(version, {}, text, run_id)
+    return world.reward_model, version, replaces
+
+
+def run_repair_rm(world: WorldPaths, labels: list[str], out: str, diagnostic: str | None = None,
+                  parent_version: str | None = None, cfg: RR.RepairConfig = RR.RepairConfig(),
+                  echo: Callable[[str], None] = print, run_name: str = "repair_rm") -> dict:
+    """Repair, register and gate; returns {"version", "promoted", "gate", "agreement", "out"}."""
+    check_out(out, {"--world": world.root, "--diagnostic": diagnostic, **{f"--labels[{i}]": p for i, p in enumerate(labels)}},
+              directory=True)
+    experts_bought = _checked_labels(world, labels)  # before the run: bad input leaves no run behind
+    if parent_version:
+        RMR.get(parent_version, _world_hash(world))
+    parent_diag = read_json(diagnostic) if diagnostic else None
+    qa = D.read_jsonl(world.qa, labelled=True)
+    gold = D.read_jsonl(world.expert_set, labelled=True)
+    params = {**asdict(cfg), "world": world.root, "labels": ",".join(labels), "diagnostic": diagnostic,
+              "parent_version": parent_version, "out": out}
+    with T.tracked_run("repair_rm", params, run_name=run_name) as run, tempfile.TemporaryDirectory() as tmp:
+        parent_dir, parent, replaces = _parent(world, parent_version, tmp, run.info.run_id)
+        T.set_tags({"rlhf.rm.parent_version": parent, "rlhf.rm.replaces": replaces or "none"})
+        for path, rows, ctx in [(world.qa, qa, "crowd"), (world.expert_set, gold, "expert")] + \
+                [(p, [r for r in experts_bought if r["id"] in _ids(p)], "expert") for p in labels]:
+            T.log_records_input(rows, path, ctx)
+        rules = fit_corrections(parent_diag, qa, diagnostic) if parent_diag else []
+        echo(f"repair_rm: parent v{parent}, {len(gold) + len(experts_bought)} expert labels, "
+             f"{len(rules)} premiums taken out of the crowd's labels; cross-validating ({cfg.folds} folds)")
+        logger = T.MetricLogger()
+        anchors = RR.anchor_rows(parent_dir, world.policy, D.read_jsonl(world.prompts_train), cfg.anchors, rules, cfg.seed)
+        rm, info = RR.repair(parent_dir, qa, gold + experts_bought, rules, cfg,
+                             on_log=lambda e, m: logger(e, MN.prefixed(MN.REPAIR, m)),
+                             on_fold=lambda k: echo(f"  fold {k + 1}/{cfg.folds}"), anchors=anchors)
+        logger.flush()
+        RR.save_repaired(rm, R.load_rm(parent_dir)[1], qa, info, out)
+        child_diag = run_diagnostic(out, world.policy, world.prompts_train)
+        child_paid = fit_corrections(child_diag, qa, "the repaired model's diagnostic")
+        gate = rm_gate.evaluate(info["agreement"], SR.flagged(parent_diag) if parent_diag else [], child_paid)
+        _log_measurements(info, child_diag, gate)
+        T.log_artifact(out, RMR.ARTIFACT)
+        version = RMR.register(run.info.run_id, out, {"world_hash": _world_hash(world), "parent_version": parent,
+                                                     "replaces": replaces or "none",
+                                                     "recipe": f"repair e{cfg.epochs} lr{cfg.lr:g} crowd{cfg.crowd_weight:g}",
+                                                     "expert_labels": len(gold) + len(experts_bought)})
+        promoted = RMR.decide(version, _failed(gate), _description(version, parent, info, gate), run.info.run_id)
+        T.log_metrics({MN.REPAIR + "promoted": float(promoted)})
+        echo(f"repair_rm: version {version} " + ("promoted to production" if promoted else
+                                                 f"REFUSED ({rm_gate.summary(gate)})"))
+    return {"version": version, "parent_version": parent, "replaces": replaces, "promoted": promoted, "gate": gate, "out": out,
+            "agreement": info["agreement"], "run_id": run.info.run_id}
+
+
+def _ids(path: str) -> set[str]:
+    return {r["id"] for r in D.read_jsonl(path, labelled=True)}
+
+
+def _failed(gate: dict) -> dict[str, str]:
+    return {g: ", ".join(fams)[:30] for g, fams in gate.items() if fams}
+
+
+def _description(version: str, parent: str, info: dict, gate: dict) -> str:
+    head = (f"REFUSED v{version}: {', '.join(g for g, f in gate.items() if f)}" if rm_gate.refused(gate)
+            else f"production v{version}: agrees with the experts at least as well as v{parent}")
+    rows = "\n".join(f"| {f} | {d['diff']:+.3f} [{d['lo']:+.3f}, {d['hi']:+.3f}] | {info['agreement']['child'][f]['r']:.3f} |"
+                     for f, d in info["agreement"]["difference"].items())
+    return (f"{head}\n\n{rm_gate.summary(gate)}\n\n| family | r minus parent's (95%) | r (cross-validated) |\n"
+            f"|---|---|---|\n{rows}\n")
+
+
+def _log_measurements(info: dict, child_diag: dict, gate: dict) -> None:
+    """Few charts: the balanced agreement of child and parent; per family a table."""
+    child, parent = info["agreement"]["child"], info["agreement"]["parent"]
+    mean = lambda d: sum(v["r"] for v in d.values()) / max(1, len(d))  # noqa: E731
+    T.log_metrics({MN.REPAIR + "agreement_balanced": mean(child), MN.REPAIR + "parent_agreement_balanced": mean(parent),
+                   MN.REPAIR + "expert_labels": float(info["rows"]["expert"])})
+    rows = [{"family": f, "r": child[f]["r"], "r_lo": child[f]["lo"], "r_hi": child[f]["hi"],
+             "parent_r": parent.get(f, {}).get("r"), **{f"diff_{k}": v for k, v in d.items() if k != "n"},
+             "n": d["n"], "flagged_again": f in gate["shortcut"],
+             "risk": child_diag["families"].get(f, {}).get("risk")}
+            for f, d in info["agreement"]["difference"].items()]
+    T.log_table(pd.DataFrame(rows), "agreement_families.json")
+    T.log_json_artifact(child_diag, "diagnostic_repaired.json")
+    T.log_json_artifact(info, "repair.json")
