@@ -97,10 +97,14 @@ def grade_cmd(model_version, world, n):
 @click.option("--out", default="outputs/main", show_default=True,
               help="Directory for the diagnostic evidence, the correction and the ceiling checkpoint.")
 @click.option("--label-budget", type=click.IntRange(0), default=600, show_default=True,
-              help="Expert labels main may buy on candidates' own responses (0: certify from the expert set only).")
+              help="Expert labels main may buy on candidates' own responses and for repairs (0: certify from the "
+                   "expert set only).")
+@click.option("--rounds", type=click.IntRange(1, 20), default=1, show_default=True,
+              help="1: the story on the world's reward model; each more round repairs the reward model with every "
+                   "expert label so far and trains the corrected recipes on it (docs/REPAIR.md).")
 @click.option("--guardrails", default=None, help="Comma-separated key=value guardrail thresholds for every release.")
 @click.option("--guardrail", "guardrail", multiple=True, help="One key=value guardrail threshold, repeatable.")
-def main_cmd(world, steps_scale, out, label_budget, guardrails, guardrail):
+def main_cmd(world, steps_scale, out, label_budget, rounds, guardrails, guardrail):
     """The whole story: history, diagnostic, correction, candidates, certify, release, grade, summary."""
     from rlhf_mlflow.steps.main import run_main
     from rlhf_mlflow.steps.reports import story_markdown
@@ -114,8 +118,9 @@ def main_cmd(world, steps_scale, out, label_budget, guardrails, guardrail):
     from rlhf_mlflow.decisions.guardrails import GuardrailConfig
     GuardrailConfig.from_dict(overrides)  # a bad threshold is refused before any run
     table = run_main(paths, os.path.abspath(out), steps_scale, echo=echo_err, label_budget=label_budget,
-                     guardrails=overrides)
-    click.echo(story_markdown(table))
+                     guardrails=overrides, rounds=rounds)
+    from rlhf_mlflow.steps.main_rounds import rounds_markdown
+    click.echo(story_markdown(table) + rounds_markdown(table.attrs.get("rounds") or []))
     click.echo(f"main finished in {time.perf_counter() - t0:.0f} s")
 
 

@@ -26,6 +26,7 @@ from rlhf_mlflow.steps.diagnostic import run_diagnostic_step
 from rlhf_mlflow.steps.grade import run_grade, run_grade_checkpoint
 from rlhf_mlflow.steps.main_candidates import CHECKPOINTS, WATCH_EVERY, TrainJob, train_all
 from rlhf_mlflow.steps.main_labels import LabelBudget, buy_labels
+from rlhf_mlflow.steps.main_rounds import RoundContext, later_rounds, recipe_of, rounds_markdown
 from rlhf_mlflow.steps.main_summary import summary_table
 from rlhf_mlflow.steps.outputs import check_out
 from rlhf_mlflow.steps.release import run_release
@@ -42,6 +43,9 @@ from rlhf_mlflow.world.oracle import write_oracle_reward
 DEFAULT_LABEL_BUDGET = 600
 """Expert labels `main` may buy (two candidates' six families, 50 each): on the default world, what the
 best corrected candidate needs, within main's time."""
+DEFAULT_ROUNDS = 1
+"""Rounds `main` runs by default: the story on the world's reward model; more repair it (docs/REPAIR.md:
+on the default world a repair round moved the champion's truth by less than its run-to-run spread)."""
 CORRECTED_NOTE = "Trained on the reward model minus the fitted shortcut corrections (diagnostic -> correction)."
 
 
@@ -61,14 +65,16 @@ def candidate_jobs(wrapper: str | None, steps_scale: float, gold: str | None = N
 
 def run_main(world: WorldPaths, out_dir: str, steps_scale: float = 1.0, ceiling: bool = True,
              echo: Callable[[str], None] = print, label_budget: int = DEFAULT_LABEL_BUDGET,
-             guardrails: dict | None = None) -> pd.DataFrame:
-    """The whole story; returns the summary table (its `attrs["ceiling"]` holds the ceiling, if run).
-    `label_budget`: expert labels main may buy on candidates' own responses (main_labels.py);
-    `guardrails`: threshold overrides for every release (GuardrailConfig keys)."""
+             guardrails: dict | None = None, rounds: int = DEFAULT_ROUNDS) -> pd.DataFrame:
+    """The whole story; returns the summary table (its `attrs["ceiling"]` holds the ceiling, if run;
+    `attrs["rounds"]` each later round's record).
+    `label_budget`: expert labels main may buy on candidates' own responses (main_labels.py) and for
+    repairs; `guardrails`: threshold overrides for every release (GuardrailConfig keys); `rounds`: 1 is
+    the story on the world's reward model, each more repairs it with every label so far (main_rounds.py)."""
     os.makedirs(check_out(out_dir, {"--world": world.root}, directory=True), exist_ok=True)
     gates = G.GuardrailConfig.from_dict(guardrails or {})  # what every release (and label purchase) applies
     t0 = time.perf_counter()
-    params = {"world": world.root, "steps_scale": steps_scale, "label_budget": label_budget,
+    params = {"world": world.root, "steps_scale": steps_scale, "label_budget": label_budget, "rounds": rounds,
               **{f"guardrail.{k}": v for k, v in (guardrails or {}).items()}}
     with T.tracked_run("main", params, run_name="main") as parent:
         diag_path, wrapper = _diagnose_and_correct(world, out_dir, echo)
@@ -88,10 +94,13 @@ def run_main(world: WorldPaths, out_dir: str, steps_scale: float = 1.0, ceiling:
             run_release(s["model_version"], guardrails=guardrails, echo=echo)
         for s in candidates.values():
             run_grade(s["model_version"], world, echo=lambda m: None)
+        ctx = RoundContext(world, out_dir, parent.info.run_id, steps_scale, budget, evaluate, guardrails, echo)
+        records = later_rounds(ctx, rounds, diag_path, [s["model_version"] for n, s in candidates.items() if n in CORRECTED])
         table = summary_table(parent.info.run_id)
+        table.attrs["rounds"] = records
         if ceiling:
             _ceiling_if_new_champion(world, out_dir, table, steps_scale, echo)
-        story = story_markdown(table)
+        story = story_markdown(table) + rounds_markdown(records)
         loosened = G.non_default(gates)
         if loosened:  # a reader must not take a loosened gate's champion for the default gate's
             story = f"**Released under non-default guardrails: {', '.join(loosened)}**\n\n" + story
@@ -160,7 +169,7 @@ def _ceiling(world: WorldPaths, out_dir: str, champion, table: pd.DataFrame, ste
              echo: Callable[[str], None]) -> None:
     """Train the champion's recipe on the oracle's true reward; report the champion's truth as a
     fraction of what that reaches (measurement only: release has already decided)."""
-    name = champion.tags.get("recipe")
+    name = recipe_of(champion.tags.get("recipe"))
     ov = next(job.overrides for job in candidate_jobs(None, steps_scale) if job.name == name)
     oracle = write_oracle_reward(world.root, os.path.abspath(os.path.join(out_dir, "oracle_reward.py")))
     # the same budget as the champion: its registered checkpoint's steps

@@ -15,6 +15,9 @@ def summary_table(parent_run_id: str) -> pd.DataFrame:
     """Per registered candidate made under `parent_run_id`: dev proxy, certified balanced quality
     with its interval, every guardrail, the release decision and the oracle's truth."""
     runs = T.search_runs(f"tags.mlflow.parentRunId = '{parent_run_id}'")
+    if len(runs) and "tags.rlhf.step" in runs:  # a later round's steps are children of its round run
+        for round_id in runs.loc[runs["tags.rlhf.step"] == "round", "run_id"]:
+            runs = pd.concat([runs, T.search_runs(f"tags.mlflow.parentRunId = '{round_id}'")], ignore_index=True)
     by_step = {step: frame for step, frame in runs.groupby("tags.rlhf.step")} if len(runs) else {}
     train_ids = set(by_step.get("train_rl", pd.DataFrame(columns=["run_id"]))["run_id"])
     versions = [v for v in REG.client().search_model_versions(f"name = '{REG.REGISTERED_MODEL}'")

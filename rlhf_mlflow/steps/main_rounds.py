@@ -1,0 +1,174 @@
+"""`main`'s later rounds: every expert label bought so far goes back into the reward model.
+
+Round 1 is main's story (the world's reward model, corrected). Each later round r:
+  1. buys REPAIR_PER_FAMILY expert labels per family on the champion's own responses (only requests not
+     labelled already; they count against main's label budget like certification's);
+  2. repairs the reward model with every label so far (repair_rm: the world's own model fine-tuned on the
+     crowd without its shortcuts, the expert set and every labels file of this main); a refused repair
+     ends the rounds;
+  3. audits the repaired model (diagnostic -> correction) and trains the corrected recipes on it;
+  4. dev_eval, certify (buying labels as round 1 does), release and grade each, as round 1 does.
+It stops when the budget cannot pay for a round's repair labels, when the gate refuses the repaired
+model, or when a round does not raise the certified champion. Each round is a nested run of main's.
+"""
+from __future__ import annotations
+
+import glob
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from rlhf_mlflow.core import records as D
+from rlhf_mlflow.core.files import atomic_write_json
+from rlhf_mlflow.core.world_paths import WorldPaths
+from rlhf_mlflow.steps.correct import run_correction
+from rlhf_mlflow.steps.diagnostic import run_diagnostic_step
+from rlhf_mlflow.steps.expert_label import run_expert_label
+from rlhf_mlflow.steps.label_requests import run_label_requests
+from rlhf_mlflow.steps.main_candidates import CHECKPOINTS, WATCH_EVERY, TrainJob, train_all
+from rlhf_mlflow.steps.main_labels import LabelBudget
+from rlhf_mlflow.steps.release import run_release
+from rlhf_mlflow.steps.grade import run_grade
+from rlhf_mlflow.steps.repair_rm import run_repair_rm
+from rlhf_mlflow.tracking import registry as REG
+from rlhf_mlflow.tracking import runs as T
+from rlhf_mlflow.training.recipes import CORRECTED, scaled
+
+REPAIR_PER_FAMILY = 40
+"""Expert labels per family bought on the champion's responses before each repair (240 a round)."""
+ROUND_PREFIX = "r{r}-"
+"""A later round's candidates are named r<round>-<recipe> (the recipe is the part after the prefix)."""
+
+
+def recipe_of(name: str) -> str:
+    """The recipe of a candidate name (`r2-corrected-s800` -> `corrected-s800`)."""
+    head, _, rest = name.partition("-")
+    return rest if head[:1] == "r" and head[1:].isdigit() and rest else name
+
+
+@dataclass
+class RoundContext:
+    world: WorldPaths
+    out_dir: str
+    parent_run_id: str
+    steps_scale: float
+    budget: LabelBudget
+    evaluate: Callable[[str, dict], None]
+    guardrails: dict | None
+    echo: Callable[[str], None]
+
+
+def labels_so_far(out_dir: str) -> list[dict]:
+    """Every expert label this main bought (certification's and repair's), each id once."""
+    seen, out = set(), []
+    for path in sorted(glob.glob(os.path.join(out_dir, "labels-*.jsonl"))):
+        for rec in D.read_jsonl(path, labelled=True):
+            if rec["id"] not in seen:
+                seen.add(rec["id"])
+                out.append(rec)
+    return out
+
+
+def _buy_repair_labels(ctx: RoundContext, r: int, version: str) -> int:
+    """Labels on the champion's responses, REPAIR_PER_FAMILY per family, skipping those held; returns
+    how many were bought (0 when the budget cannot pay for them)."""
+    requests = os.path.join(ctx.out_dir, f"label_requests-r{r}-v{version}.jsonl")
+    run_label_requests(version, ctx.world, "all", REPAIR_PER_FAMILY, out=requests, echo=lambda m: None)
+    held = {rec["id"] for rec in labels_so_far(ctx.out_dir)}
+    new = [rec for rec in D.read_jsonl(requests) if rec["id"] not in held]
+    if not ctx.budget.afford(len(new)):
+        ctx.echo(f"round {r}: label budget left {ctx.budget.total - ctx.budget.spent} < {len(new)}: no repair")
+        return 0
+    fresh = os.path.join(ctx.out_dir, f"label_requests-r{r}-new.jsonl")
+    D.write_jsonl(fresh, new)
+    run_expert_label(ctx.world, fresh, os.path.join(ctx.out_dir, f"labels-r{r}-v{version}.jsonl"), echo=lambda m: None)
+    ctx.budget.spent += len(new)
+    return len(new)
+
+
+def _jobs(r: int, rm_dir: str, wrapper: str | None, ctx: RoundContext) -> list[TrainJob]:
+    watch = {"watch_every": WATCH_EVERY, "watch_gold": ctx.world.expert_set, "watch_correction": wrapper}
+    jobs = []
+    for name, ov in CORRECTED.items():
+        ov = scaled({**ov, **watch, "reward_model": rm_dir, "reward_wrapper": wrapper}, ctx.steps_scale)
+        ov["save_every"] = max(1, ov["steps"] // CHECKPOINTS)
+        jobs.append(TrainJob(ROUND_PREFIX.format(r=r) + name, ov,
+                             f"Round {r}: trained on the repaired reward model {rm_dir} minus its own fitted corrections.",
+                             {"rlhf.corrected": "true", "rlhf.round": str(r)}, select_watch_best=True))
+    return jobs
+
+
+def run_round(ctx: RoundContext, r: int, diagnostic: str, lead: str) -> dict | None:
+    """One later round, its repair labels bought on version `lead`; returns its record, or None when
+    the budget could not pay for any label."""
+    with T.tracked_run("round", {"round": r, "labels_on_version": lead},
+                       run_name=f"round-{r}"):
+        bought = _buy_repair_labels(ctx, r, lead)
+        if not bought and not ctx.budget.afford(1):
+            return None
+        merged = os.path.join(ctx.out_dir, f"repair-labels-r{r}.jsonl")
+        D.write_jsonl(merged, labels_so_far(ctx.out_dir))
+        rm_dir = os.path.join(ctx.out_dir, f"reward_model_r{r}")
+        repaired = run_repair_rm(ctx.world, [merged], rm_dir, diagnostic, echo=ctx.echo, run_name=f"repair_rm-r{r}")
+        record = {"round": r, "rm_version": repaired["version"], "rm_promoted": repaired["promoted"],
+                  "rm_agreement": _balanced(repaired["agreement"]["child"]), "repair_labels": bought}
+        if not repaired["promoted"]:
+            ctx.echo(f"round {r}: the repaired reward model was refused: the rounds stop")
+            return record
+        diag = run_diagnostic_step(rm_dir, ctx.world.policy, ctx.world.prompts_train,
+                                   out=os.path.join(ctx.out_dir, f"diagnostic-r{r}.json"))
+        wrapper = os.path.abspath(os.path.join(ctx.out_dir, f"correction-r{r}.py"))
+        rules = run_correction(diag, os.path.join(rm_dir, "train.jsonl"), wrapper)
+        done = train_all(_jobs(r, rm_dir, wrapper if rules else None, ctx), ctx.world, ctx.parent_run_id, ctx.echo,
+                         on_done=ctx.evaluate)
+        for s in done.values():
+            run_release(s["model_version"], guardrails=ctx.guardrails, echo=ctx.echo)
+        for s in done.values():
+            run_grade(s["model_version"], ctx.world, echo=lambda m: None)
+        record["diagnostic"] = os.path.join(ctx.out_dir, f"diagnostic-r{r}.json")
+        record["versions"] = [str(s["model_version"]) for s in done.values()]
+    return record
+
+
+def _balanced(per_family: dict) -> float:
+    vals = [v["r"] for v in per_family.values()]
+    return sum(vals) / len(vals) if vals else float("nan")
+
+
+def later_rounds(ctx: RoundContext, rounds: int, diagnostic: str, corrected: list[str]) -> list[dict]:
+    """Rounds 2..rounds; each record: round, rm_version, rm_agreement, champion, labels (total spent).
+    Repair labels are bought on the champion's responses, or with none on the last corrected candidate's
+    (`corrected`: round 1's corrected versions, in recipe order)."""
+    records = []
+    for r in range(2, rounds + 1):
+        before = REG.champion_version()
+        lead = str(before.version) if before is not None else (corrected[-1] if corrected else None)
+        if lead is None:
+            break
+        record = run_round(ctx, r, diagnostic, lead)
+        if record is None:
+            break
+        after = REG.champion_version()
+        record.update({"champion": after.version if after else None, "labels_spent": ctx.budget.spent})
+        records.append(record)
+        atomic_write_json(os.path.join(ctx.out_dir, "rounds.json"), records)
+        if not record["rm_promoted"]:
+            break
+        corrected = record["versions"]
+        if before is not None and after is not None and before.version == after.version:
+            ctx.echo(f"round {r}: the champion is still version {after.version}: the rounds stop")
+            break
+    return records
+
+
+
+
+def rounds_markdown(records: list[dict]) -> str:
+    """The rounds after the first as a markdown table ('' when there were none)."""
+    if not records:
+        return ""
+    rows = "\n".join(f"| {r['round']} | v{r['rm_version']} ({'production' if r['rm_promoted'] else 'refused'}) | "
+                     f"{r['rm_agreement']:.3f} | {r.get('champion') or '-'} | {r['repair_labels']} | {r.get('labels_spent', '-')} |"
+                     for r in records)
+    return ("\n\n### Rounds\n\n| round | reward model | expert agreement (r, cross-validated) | champion | "
+            "repair labels | labels spent so far |\n|---|---|---|---|---|---|\n" + rows + "\n")
