@@ -61,7 +61,8 @@ def test_portable_repair_writes_a_reward_model_the_seed_layout_loads(tiny_world,
     out = tmp_path / "repaired"
     proc = subprocess.run([sys.executable, "-m", "rlhf_mlflow.repair_rm", "--rm-dir", world.reward_model,
                            "--qa", world.qa, "--gold", world.expert_set, "--labels", labels, "--out", str(out),
-                           "--epochs", "2"], capture_output=True, text=True, cwd=ROOT)
+                           "--policy-dir", world.policy, "--prompts", world.prompts_train, "--epochs", "2"],
+                          capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
     cfg = json.loads((out / "config.json").read_text())
     seed_rm = SeedRewardModel(cfg)

@@ -3,7 +3,8 @@
     python -m rlhf_mlflow.certify --policy D --reference D --gold F --out F [--rm-dir D ...] [--policy-labels F]
     python -m rlhf_mlflow.diagnostic --rm-dir D --policy-dir D --prompts F [--gold F] --out F
     python -m rlhf_mlflow.label_requests --policy D --reference D --gold F --per-family K --out F
-    python -m rlhf_mlflow.repair_rm --rm-dir D --qa F [--gold F] --labels F [F ...] [--diagnostic F] --out D
+    python -m rlhf_mlflow.repair_rm --rm-dir D --qa F [--gold F] --labels F [F ...] [--diagnostic F]
+                                    [--policy-dir D --prompts F] --out D
 
 Same computation as the `certify` and `diagnostic` steps (decisions/), JSON to --out; bad input prints
 `error: ...` and exits 2, with no output file.
@@ -98,6 +99,9 @@ def repair_main(argv: list[str] | None = None) -> int:
                     help="every expert labels file bought on policies' own responses (labels in [0, 1])")
     ap.add_argument("--diagnostic", default=None, help="diagnostic evidence JSON: its flagged shortcuts' premiums "
                                                         "are taken out of the crowd's labels")
+    ap.add_argument("--policy-dir", default=None, help="the reference policy: with --prompts, its responses "
+                                                        "scored by the parent are the repair's anchors (as repair-rm)")
+    ap.add_argument("--prompts", default=None, help="training prompts for the anchors (JSONL)")
     ap.add_argument("--out", required=True, help="the repaired reward model's directory")
     ap.add_argument("--epochs", type=int, default=RepairDefaults.epochs)
     ap.add_argument("--lr", type=float, default=RepairDefaults.lr)
@@ -117,7 +121,9 @@ def repair_main(argv: list[str] | None = None) -> int:
         rules = fit_corrections(read_json(a.diagnostic), qa, a.diagnostic) if a.diagnostic else []
         experts = (D.read_jsonl(a.gold, labelled=True) if a.gold else []) + read_label_files(a.labels)
         _, rm_config = R.load_rm(a.rm_dir)
-        rm, info = RR.repair(a.rm_dir, qa, experts, rules, cfg)
+        anchors = RR.anchor_rows(a.rm_dir, a.policy_dir, D.read_jsonl(a.prompts), cfg.anchors, rules, cfg.seed) \
+            if a.policy_dir and a.prompts else []
+        rm, info = RR.repair(a.rm_dir, qa, experts, rules, cfg, anchors=anchors)
         RR.save_repaired(rm, rm_config, qa, info, a.out)
         return info
     return _run(work, a, directory=True)
