@@ -45,7 +45,8 @@ DEFAULT_LABEL_BUDGET = 600
 best corrected candidate needs, within main's time."""
 DEFAULT_ROUNDS = 1
 """Rounds `main` runs by default: the story on the world's reward model; more repair it (docs/REPAIR.md:
-on the default world a repair round moved the champion's truth by less than its run-to-run spread)."""
+on the default world a round of 240 repair labels added 0.007, then 0.018 of truth, less than the
+champion margin a release needs to replace the champion, for 2-3 more minutes)."""
 CORRECTED_NOTE = "Trained on the reward model minus the fitted shortcut corrections (diagnostic -> correction)."
 
 
