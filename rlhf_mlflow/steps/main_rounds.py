@@ -6,7 +6,8 @@ Round 1 is main's story (the world's reward model, corrected). Each later round 
   2. repairs the reward model with every label so far (repair_rm: the world's own model fine-tuned on the
      crowd without its shortcuts, the expert set and every labels file of this main); a refused repair
      ends the rounds;
-  3. audits the repaired model (diagnostic -> correction) and trains the corrected recipes on it;
+  3. corrects the repaired model by its own audit (repair_rm's diagnostic -> correction) and trains the
+     corrected recipes on it;
   4. dev_eval, certify (buying labels as round 1 does), release and grade each, as round 1 does.
 It stops when the budget cannot pay for a round's repair labels, when the gate refuses the repaired
 model, or when a round does not raise the certified champion. Each round is a nested run of main's.
@@ -22,7 +23,6 @@ from rlhf_mlflow.core import records as D
 from rlhf_mlflow.core.files import atomic_write_json
 from rlhf_mlflow.core.world_paths import WorldPaths
 from rlhf_mlflow.steps.correct import run_correction
-from rlhf_mlflow.steps.diagnostic import run_diagnostic_step
 from rlhf_mlflow.steps.expert_label import run_expert_label
 from rlhf_mlflow.steps.label_requests import run_label_requests
 from rlhf_mlflow.steps.main_candidates import CHECKPOINTS, WATCH_EVERY, TrainJob, train_all
@@ -115,8 +115,9 @@ def run_round(ctx: RoundContext, r: int, diagnostic: str, lead: str) -> dict | N
         if not repaired["promoted"]:
             ctx.echo(f"round {r}: the repaired reward model was refused: the rounds stop")
             return record
-        diag = run_diagnostic_step(rm_dir, ctx.world.policy, ctx.world.prompts_train,
-                                   out=os.path.join(ctx.out_dir, f"diagnostic-r{r}.json"))
+        # repair_rm audited the repaired model already (its run logs diagnostic_repaired.json)
+        atomic_write_json(os.path.join(ctx.out_dir, f"diagnostic-r{r}.json"), repaired["diagnostic"])
+        diag = repaired["diagnostic"]
         wrapper = os.path.abspath(os.path.join(ctx.out_dir, f"correction-r{r}.py"))
         rules = run_correction(diag, os.path.join(rm_dir, "train.jsonl"), wrapper)
         done = train_all(_jobs(r, rm_dir, wrapper if rules else None, ctx), ctx.world, ctx.parent_run_id, ctx.echo,

@@ -68,7 +68,8 @@ def _parent(world: WorldPaths, parent_version: str | None, tmp: str, run_id: str
 def run_repair_rm(world: WorldPaths, labels: list[str], out: str, diagnostic: str | None = None,
                   parent_version: str | None = None, cfg: RR.RepairConfig = RR.RepairConfig(),
                   echo: Callable[[str], None] = print, run_name: str = "repair_rm") -> dict:
-    """Repair, register and gate; returns {"version", "promoted", "gate", "agreement", "out"}."""
+    """Repair, register and gate; returns {"version", "parent_version", "replaces", "promoted", "gate",
+    "agreement", "diagnostic" (the repaired model's), "out", "run_id"}."""
     check_out(out, {"--world": world.root, "--diagnostic": diagnostic, **{f"--labels[{i}]": p for i, p in enumerate(labels)}},
               directory=True)
     experts_bought = _checked_labels(world, labels)  # before the run: bad input leaves no run behind
@@ -109,7 +110,7 @@ def run_repair_rm(world: WorldPaths, labels: list[str], out: str, diagnostic: st
         echo(f"repair_rm: version {version} " + ("promoted to production" if promoted else
                                                  f"REFUSED ({rm_gate.summary(gate)})"))
     return {"version": version, "parent_version": parent, "replaces": replaces, "promoted": promoted, "gate": gate, "out": out,
-            "agreement": info["agreement"], "run_id": run.info.run_id}
+            "agreement": info["agreement"], "diagnostic": child_diag, "run_id": run.info.run_id}
 
 
 def _ids(path: str) -> set[str]:

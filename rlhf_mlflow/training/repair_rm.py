@@ -29,6 +29,7 @@ from rlhf_mlflow.core import reward_model as R
 from rlhf_mlflow.core import shortcut_rules as SR
 from rlhf_mlflow.core import vocab as V
 from rlhf_mlflow.core.config import check_range
+from rlhf_mlflow.training.train_rm import pearson
 
 OnLog = Callable[[int, dict], None]
 
@@ -156,9 +157,9 @@ def pearson_interval(x: torch.Tensor, y: torch.Tensor) -> dict:
     """Pearson r with its Fisher-z 95% interval (n >= 4; else r only, the interval the whole range).
     Scores that do not vary rank nothing: r = 0."""
     n = int(x.numel())
-    if n < 3 or float(x.std()) == 0 or float(y.std()) == 0:
+    r = pearson(x, y) if n >= 3 else float("nan")
+    if math.isnan(r):
         return {"r": 0.0, "lo": -1.0, "hi": 1.0, "n": n}
-    r = float(torch.corrcoef(torch.stack([x.float(), y.float()]))[0, 1])
     if n < 4:
         return {"r": r, "lo": -1.0, "hi": 1.0, "n": n}
     z, half = math.atanh(max(min(r, 0.999999), -0.999999)), 1.96 / math.sqrt(n - 3)
@@ -193,7 +194,8 @@ class RepairData:
 def cross_validated(parent_dir: str, data: RepairData, cfg: RepairConfig,
                     on_fold: Callable[[int], None] | None = None) -> dict:
     """Out-of-fold scores of the repaired recipe and the parent's scores on every expert label, with
-    per-family agreement of each: {"child": {F: {r, lo, hi, n}}, "parent": {...}, "rows": [...]}."""
+    per-family agreement of each and their paired difference:
+    {"child": {F: {r, lo, hi, n}}, "parent": {...}, "difference": {F: {diff, lo, hi, n}}}."""
     idx = data.expert_index()
     experts = [data.rows[int(i)] for i in idx]
     folds = fold_of(experts, cfg.folds, cfg.seed)
@@ -233,10 +235,9 @@ def paired_difference(child: torch.Tensor, parent: torch.Tensor, y: torch.Tensor
 
 
 def _r(x: torch.Tensor, y: torch.Tensor) -> float:
-    """Pearson r; 0 where either side does not vary (constant scores rank nothing)."""
-    if float(x.std()) == 0 or float(y.std()) == 0:
-        return 0.0
-    return float(torch.corrcoef(torch.stack([x, y]))[0, 1])
+    """Pearson r (train_rm.pearson); 0 where either side does not vary (constant scores rank nothing)."""
+    r = pearson(x, y)
+    return 0.0 if math.isnan(r) else r
 
 
 def repair(parent_dir: str, crowd: list[dict], experts: list[dict], rules: list[dict], cfg: RepairConfig,
