@@ -65,12 +65,13 @@ def explicit_options(ctx: click.Context, options: dict, world: WorldPaths | None
     for name, value in options.items():
         if ctx.get_parameter_source(name) == ParameterSource.DEFAULT:
             continue
-        if name in ("family_weights", "reward_wrapper", "policy_init", "watch_gold", "watch_correction") and value == "":
+        if name in ("family_weights", "reward_wrapper", "policy_init", "watch_gold", "watch_correction",
+                    "reward_ensemble") and value == "":
             value = None
         elif name == "family_weights":
             value = parse_json(value, "--family-weights")
-        elif name in PATH_KEYS and world and not os.path.isabs(value):
-            value = os.path.join(world.root, value)
+        elif name in PATH_KEYS and world and not os.path.isabs(value) and not os.path.exists(value):
+            value = os.path.join(world.root, value)  # a world's own file (policy, data/...), unless one is here
         out[name] = value
     return out
 

@@ -106,6 +106,7 @@ def repair_main(argv: list[str] | None = None) -> int:
     ap.add_argument("--epochs", type=int, default=RepairDefaults.epochs)
     ap.add_argument("--lr", type=float, default=RepairDefaults.lr)
     ap.add_argument("--crowd-weight", type=float, default=RepairDefaults.crowd_weight)
+    ap.add_argument("--ensemble", type=int, default=0, help="ensemble members written to OUT/ensemble (as repair-rm)")
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args(argv)
 
@@ -116,7 +117,8 @@ def repair_main(argv: list[str] | None = None) -> int:
         from rlhf_mlflow.core import records as D
         from rlhf_mlflow.core import reward_model as R
         from rlhf_mlflow.core.errors import read_json
-        cfg = RR.RepairConfig(epochs=a.epochs, lr=a.lr, crowd_weight=a.crowd_weight, seed=a.seed)
+        from rlhf_mlflow.training.rm_ensemble import ensemble_for_repair
+        cfg = RR.RepairConfig(epochs=a.epochs, lr=a.lr, crowd_weight=a.crowd_weight, ensemble=a.ensemble, seed=a.seed)
         qa = D.read_jsonl(a.qa, labelled=True)
         rules = fit_corrections(read_json(a.diagnostic), qa, a.diagnostic) if a.diagnostic else []
         experts = (D.read_jsonl(a.gold, labelled=True) if a.gold else []) + read_label_files(a.labels)
@@ -124,7 +126,8 @@ def repair_main(argv: list[str] | None = None) -> int:
         anchors = RR.anchor_rows(a.rm_dir, a.policy_dir, D.read_jsonl(a.prompts), cfg.anchors, rules, cfg.seed) \
             if a.policy_dir and a.prompts else []
         rm, info = RR.repair(a.rm_dir, qa, experts, rules, cfg, anchors=anchors)
-        RR.save_repaired(rm, rm_config, qa, info, a.out)
+        members = ensemble_for_repair(a.rm_dir, qa, experts, rules, cfg, anchors) if cfg.ensemble else []
+        RR.save_repaired(rm, rm_config, qa, info, a.out, members)
         return info
     return _run(work, a, directory=True)
 

@@ -95,7 +95,8 @@ def run_repair_rm(world: WorldPaths, labels: list[str], out: str, diagnostic: st
                              on_log=lambda e, m: logger(e, MN.prefixed(MN.REPAIR, m)),
                              on_fold=lambda k: echo(f"  fold {k + 1}/{cfg.folds}"), anchors=anchors)
         logger.flush()
-        RR.save_repaired(rm, R.load_rm(parent_dir)[1], qa, info, out)
+        members = _ensemble(parent_dir, qa, gold + experts_bought, rules, cfg, anchors, info, echo)
+        RR.save_repaired(rm, R.load_rm(parent_dir)[1], qa, info, out, members)
         child_diag = run_diagnostic(out, world.policy, world.prompts_train)
         child_paid = fit_corrections(child_diag, qa, "the repaired model's diagnostic")
         gate = rm_gate.evaluate(info["agreement"], SR.flagged(parent_diag) if parent_diag else [], child_paid)
@@ -111,6 +112,17 @@ def run_repair_rm(world: WorldPaths, labels: list[str], out: str, diagnostic: st
                                                  f"REFUSED ({rm_gate.summary(gate)})"))
     return {"version": version, "parent_version": parent, "replaces": replaces, "promoted": promoted, "gate": gate, "out": out,
             "agreement": info["agreement"], "diagnostic": child_diag, "run_id": run.info.run_id}
+
+
+def _ensemble(parent_dir: str, qa: list[dict], experts: list[dict], rules: list[dict], cfg: RR.RepairConfig,
+              anchors: list[dict], info: dict, echo: Callable[[str], None]) -> list:
+    """cfg.ensemble members on the repair's data (none when 0); their recipe goes into `info`."""
+    if not cfg.ensemble:
+        return []
+    from rlhf_mlflow.training.rm_ensemble import ensemble_for_repair
+    echo(f"  ensemble: {cfg.ensemble} members (bootstrap, new heads)")
+    info["ensemble"] = {"members": cfg.ensemble, "method": "bootstrap fine-tunes with new heads"}
+    return ensemble_for_repair(parent_dir, qa, experts, rules, cfg, anchors)
 
 
 def _ids(path: str) -> set[str]:

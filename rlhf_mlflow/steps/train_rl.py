@@ -250,9 +250,9 @@ def default_name(cfg: RLConfig) -> str:
     return f"kl{format(cfg.kl_coef, 'g').replace('.', '')}-s{cfg.steps}"
 
 
-PER_FAMILY = ("proxy", "kl")
+PER_FAMILY = ("proxy", "kl", "spread")
 """The training batch's numbers charted per family (`train/proxy/dune`, and balanced): the UI's first
-sections, train/kl and train/proxy."""
+sections, train/kl and train/proxy; with reward_ensemble, train/spread (the members' disagreement)."""
 
 
 def charted(metrics: dict) -> dict:

@@ -48,6 +48,8 @@ class RepairConfig:
     anchors: int = 2000
     """Reference responses labelled by the parent minus its flagged premiums (`anchor_rows`), learned as
     crowd rows: they keep what the parent knows where the few expert labels say nothing (docs/REPAIR.md)."""
+    ensemble: int = 0
+    """Members of an uncertainty ensemble written beside the repaired model (rm_ensemble.py; 0: none)."""
     seed: int = 0
 
     def __post_init__(self):
@@ -58,6 +60,10 @@ class RepairConfig:
         check_range("folds", self.folds, 2, 20, integer=True)
         check_range("anchors", self.anchors, 0, 1_000_000, integer=True)
         check_range("seed", self.seed, 0, None, integer=True)
+        check_range("ensemble", self.ensemble, 0, 32, integer=True)
+        if self.ensemble == 1:
+            from rlhf_mlflow.core.errors import InputError
+            raise InputError("ensemble must be 0 (none) or at least 2 members: one member has no spread")
 
 
 def remove_premiums(crowd: list[dict], rules: list[dict]) -> list[dict]:
@@ -101,11 +107,16 @@ def _tensors(rows: list[dict]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor
 
 
 def fine_tune(parent_dir: str, rows: list[dict], weights: torch.Tensor, cfg: RepairConfig,
-              on_log: OnLog | None = None) -> R.RewardModel:
-    """The parent fine-tuned on `rows` by weighted MSE (weights (N,), >= 0)."""
+              on_log: OnLog | None = None, new_head: bool = False) -> R.RewardModel:
+    """The parent fine-tuned on `rows` by weighted MSE (weights (N,), >= 0); `new_head`: its scalar head
+    initialised afresh (seeded by cfg.seed) first."""
     torch.manual_seed(cfg.seed)
     gen = torch.Generator().manual_seed(cfg.seed + 1)
     rm, _ = R.load_rm(parent_dir)
+    if new_head:
+        for layer in rm.head:
+            if hasattr(layer, "reset_parameters"):
+                layer.reset_parameters()
     rm.train()
     ids, y, _ = _tensors(rows)
     keep = weights > 0
@@ -257,14 +268,23 @@ REPORT = "repair.json"
 """What the repair measured, beside the weights in its output directory."""
 
 
-def save_repaired(rm: R.RewardModel, rm_config: dict, qa: list[dict], info: dict, out_dir: str) -> None:
+ENSEMBLE_DIR = "ensemble"
+"""Where save_repaired puts the ensemble's members inside the repaired model's directory."""
+
+
+def save_repaired(rm: R.RewardModel, rm_config: dict, qa: list[dict], info: dict, out_dir: str,
+                  members: list[R.RewardModel] | None = None) -> None:
     """A seed-format reward-model directory (rm.safetensors, config.json, train.jsonl: the QA sample as
-    given, so the diagnostic can audit the repaired model) plus repair.json, whole or not at all."""
+    given, so the diagnostic can audit the repaired model) plus repair.json and, with `members`, the
+    ensemble (ENSEMBLE_DIR), whole or not at all."""
     import json
 
     from rlhf_mlflow.core.files import atomic_dir
+    from rlhf_mlflow.core.reward_ensemble import save_ensemble
     with atomic_dir(out_dir) as tmp:
         R.save_rm(rm, rm_config, tmp)
+        if members:
+            save_ensemble(members, rm_config, f"{tmp}/{ENSEMBLE_DIR}", {"recipe": info.get("ensemble")})
         D.write_jsonl(f"{tmp}/train.jsonl", qa)
         with open(f"{tmp}/{REPORT}", "w") as f:
             json.dump(info, f, indent=1)

@@ -15,7 +15,7 @@ from rlhf_mlflow.core.config import check_range, from_dict, parse_override
 from rlhf_mlflow.core.errors import InputError, read_json
 
 PATH_KEYS = ("policy_init", "policy_ref", "reward_model", "prompt_file", "reward_wrapper", "watch_gold",
-             "watch_correction")
+             "watch_correction", "reward_ensemble")
 EARLY_STOP = ("off", "warn", "stop")
 
 
@@ -51,6 +51,12 @@ class RLConfig:
     """Checkpoint every this many steps (0: only the final policy)."""
     reward_wrapper: str | None = None
     """Python file defining transform(records, response_tokens, rewards) -> rewards, applied before the KL term."""
+    reward_ensemble: str | None = None
+    """A reward-model ensemble directory (ensemble.json + member directories; `repair-rm --ensemble K`):
+    the reward is its members' mean minus ensemble_penalty x their spread, in place of reward_model's score."""
+    ensemble_penalty: float = 0.0
+    """k in mean - k x standard deviation over the ensemble's members: how much less a response is paid
+    where the members disagree (0: their mean; docs/REPAIR.md)."""
     max_grad_norm: float = 1.0
     """Gradient-norm clip."""
     watch_every: int = 0
@@ -76,6 +82,10 @@ class RLConfig:
         check_range("log_every", self.log_every, 1, None, integer=True)
         check_range("save_every", self.save_every, 0, None, integer=True)
         check_range("max_grad_norm", self.max_grad_norm, 0, None, lo_open=True)
+        check_range("ensemble_penalty", self.ensemble_penalty, 0, 100)
+        if self.ensemble_penalty and not self.reward_ensemble:
+            raise InputError(f"ensemble_penalty={self.ensemble_penalty} needs reward_ensemble, the ensemble "
+                             "whose members' spread it penalises (repair-rm --ensemble K writes one)")
         if not isinstance(self.samples_per_prompt, int) or self.samples_per_prompt < 2:
             raise InputError("samples_per_prompt must be an integer >= 2: the group-mean baseline compares "
                              f"samples of the same prompt, got {self.samples_per_prompt!r}")

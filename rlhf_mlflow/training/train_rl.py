@@ -18,6 +18,7 @@ import torch
 
 from rlhf_mlflow.core import model as M
 from rlhf_mlflow.core import records as D
+from rlhf_mlflow.core import reward_ensemble as RE
 from rlhf_mlflow.core import reward_model as R
 from rlhf_mlflow.core import rollout
 from rlhf_mlflow.core.checkpoint import freeze
@@ -44,20 +45,41 @@ class RLResult:
 METRICS = ["proxy", "reward", "shaped", "kl", "kl_k3", "entropy"]
 
 
+def _metrics(cfg: RLConfig) -> list[str]:
+    """METRICS, and with an ensemble its members' spread (standard deviation) per response."""
+    return METRICS + (["spread"] if cfg.reward_ensemble else [])
+
+
+ENSEMBLE_CHUNK = 8
+"""Sequences per pass of the stacked ensemble's forward: K members' activations in a core's L2 cache
+(at K = 4, 8 per pass measured fastest of 4-32)."""
+
+
 @dataclass
 class Frozen:
-    """The reference policy and reward model, with their first-block tables built once."""
+    """The reference policy and reward model, with their first-block tables built once; `ensemble`,
+    the stacked members of cfg.reward_ensemble, scores in the reward model's place when given."""
     ref: M.Policy
     rm: R.RewardModel
     ref_table: tuple[torch.Tensor, torch.Tensor]
     rm_table: tuple[torch.Tensor, torch.Tensor]
+    ensemble: RE.Stacked | None = None
+    penalty: float = 0.0
 
     @classmethod
     def load(cls, cfg: RLConfig) -> "Frozen":
         ref = freeze(M.load_policy(cfg.policy_ref)[0])
         rm = freeze(R.load_rm(cfg.reward_model)[0])
+        ensemble = RE.Stacked.load(cfg.reward_ensemble) if cfg.reward_ensemble else None
         with torch.inference_mode():
-            return cls(ref, rm, ref.first_layer_table(), rm.first_layer_table())
+            return cls(ref, rm, ref.first_layer_table(), rm.first_layer_table(), ensemble, cfg.ensemble_penalty)
+
+    def reward(self, prompts_rep: torch.Tensor, responses: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The reward of each response and, with an ensemble, its members' spread (standard deviation)."""
+        if self.ensemble is None:
+            return R.score(self.rm, prompts_rep, responses, R.RL_CHUNK, self.rm_table), None
+        scores = self.ensemble.score(prompts_rep, responses, ENSEMBLE_CHUNK)  # (K, N)
+        return RE.penalised(scores, self.penalty), scores.std(0)
 
 
 def update(loss: torch.Tensor, params: list[torch.Tensor], opt: torch.optim.Optimizer, max_grad_norm: float) -> float:
@@ -80,18 +102,16 @@ class Learner:
     wrap: Transform | None
     partner: Partner | None
 
-    def sample(self, prompts: torch.Tensor) -> tuple[torch.Tensor, Callable[[], torch.Tensor], tuple]:
-        """Sample B*G responses; returns them, a function giving their reward-model scores, and the
-        policy's first-block table (with gradient) for the forward pass."""
+    def sample(self, prompts: torch.Tensor) -> tuple[torch.Tensor, Callable[[], tuple], tuple]:
+        """Sample B*G responses; returns them, a function giving their rewards (and the ensemble's spread,
+        or None: Frozen.reward), and the policy's first-block table (with gradient) for the forward pass."""
         cfg, G = self.cfg, self.cfg.samples_per_prompt
         table = self.policy.first_layer_table()
         if self.partner is not None:  # it samples half and scores all while this process runs the policy
             uniforms = rollout.draw_uniforms(self.policy.cfg["resp_len"], len(prompts) * G, self.rng)
-            return self.partner.sample(prompts, uniforms, table), self.partner.rewards, table
+            return self.partner.sample(prompts, uniforms, table), lambda: (self.partner.rewards(), None), table
         responses = rollout.sample_cached(self.policy, prompts, G, cfg.temperature, self.rng, table)  # (N, L)
-        frozen = self.frozen
-        return responses, lambda: R.score(frozen.rm, prompts.repeat_interleave(G, 0), responses, R.RL_CHUNK,
-                                          frozen.rm_table), table
+        return responses, lambda: self.frozen.reward(prompts.repeat_interleave(G, 0), responses), table
 
     def step(self, records: list[dict], prompts: torch.Tensor, clock: dict[str, float]
              ) -> tuple[dict[str, torch.Tensor], torch.Tensor, float, float]:
@@ -104,7 +124,7 @@ class Learner:
         logprobs, logp = rollout.grouped_logprobs(self.policy, prompts, responses, G, table)  # (N, L), (N, L, C)
         with torch.inference_mode():
             ref_logprobs = rollout.grouped_logprobs(self.frozen.ref, prompts, responses, G, self.frozen.ref_table)[0]
-        raw = scores()
+        raw, spread = scores()
         rewards = raw if self.wrap is None else apply_wrapper(
             self.wrap, cfg.reward_wrapper or "<callable>", [records[i // G] for i in range(B * G)], responses, raw)
         with torch.no_grad():
@@ -115,6 +135,8 @@ class Learner:
             logp = logp.detach()
             stats = {"proxy": raw, "reward": rewards, "shaped": shaped, "kl": kl,
                      "kl_k3": rl_math.kl_k3(lp, ref_logprobs), "entropy": -(logp.exp() * logp).sum(-1).mean(-1)}
+            if spread is not None:
+                stats["spread"] = spread
         loss = rl_math.policy_gradient_loss(advantages, logprobs.sum(-1))
         t2 = time.perf_counter()
         grad_norm = update(loss, list(self.policy.parameters()), self.opt, cfg.max_grad_norm)
@@ -185,18 +207,18 @@ def train_rl(cfg: RLConfig, on_log: Callable[[int, dict], None] | None = None,
     policy, pcfg = M.load_policy(resume.policy_dir if resume else (cfg.policy_init or cfg.policy_ref))
     sampler = D.PromptSampler(prompts or D.read_jsonl(cfg.prompt_file), cfg.family_weights)
     opt = torch.optim.Adam(policy.parameters(), lr=cfg.lr, fused=True)
-    acc, scalars, result = FamilyAccumulator(METRICS), {"loss": 0.0, "grad_norm": 0.0}, RLResult(policy, pcfg)
+    acc, scalars, result = FamilyAccumulator(_metrics(cfg)), {"loss": 0.0, "grad_norm": 0.0}, RLResult(policy, pcfg)
     start = 0
     if resume is not None:
         scalars, result.history = restore(resume.state, opt, rng, acc)
         start = resume.state.step
     t_start = t_window = time.perf_counter()
     window_from, frozen, wrap = start, Frozen.load(cfg), wrapper or load_wrapper(cfg.reward_wrapper)
-    # with two cores, a partner process samples half of each batch and runs the reward model
+    # with two cores, a partner process samples half of each batch and runs the reward model (not an ensemble)
     with contextlib.ExitStack() as stack:
         partner = stack.enter_context(Partner(policy, frozen.rm, frozen.rm_table, cfg.batch_prompts,
                                               cfg.samples_per_prompt, cfg.temperature)) \
-            if available(torch.get_num_threads(), cfg.batch_prompts) else None
+            if available(torch.get_num_threads(), cfg.batch_prompts) and frozen.ensemble is None else None
         learner = Learner(cfg, policy, frozen, opt, rng, wrap, partner)
         watch = _watcher(cfg, on_watch, policy, partner)
         if start == 0:
