@@ -10,6 +10,7 @@ import click
 from rlhf_mlflow.cli.options import (
     echo_err,
     echo_json,
+    given,
     guardrail_overrides,
     resolve_world,
     world_option,
@@ -95,7 +96,8 @@ def grade_cmd(model_version, world, n):
 @click.option("--steps-scale", type=float, default=1.0, show_default=True,
               help="Multiply every recipe's steps (for a quick look).")
 @click.option("--out", default="outputs/main", show_default=True,
-              help="Directory for the diagnostic evidence, the correction and the ceiling checkpoint.")
+              help="Directory for the diagnostic evidence, the correction, the expert labels bought, each round's "
+                   "reward model and the ceiling checkpoint; main_state.json says what main finished there.")
 @click.option("--label-budget", type=click.IntRange(0), default=600, show_default=True,
               help="Expert labels main may buy on candidates' own responses and for repairs (0: certify from the "
                    "expert set only).")
@@ -104,24 +106,63 @@ def grade_cmd(model_version, world, n):
                    "expert label so far and trains the corrected recipes on it (docs/REPAIR.md).")
 @click.option("--guardrails", default=None, help="Comma-separated key=value guardrail thresholds for every release.")
 @click.option("--guardrail", "guardrail", multiple=True, help="One key=value guardrail threshold, repeatable.")
-def main_cmd(world, steps_scale, out, label_budget, rounds, guardrails, guardrail):
-    """The whole story: history, diagnostic, correction, candidates, certify, release, grade, summary."""
+@click.option("--resume", type=click.BOOL, is_flag=False, flag_value=True, default=False, show_default=True,
+              help="Continue the main that stopped (SIGTERM, a crash) in --out, as a new main run tagged "
+                   "rlhf.resumes: the labels it bought are reused and counted, its finished rounds, repairs, "
+                   "candidates, releases and grades are not run again, a candidate cut short continues from its "
+                   "last checkpoint. Options left out take its values; one given with another value is refused. "
+                   "Without --resume an --out whose main did not finish is refused. `--resume` alone or "
+                   "`--resume true|false` (as `mlflow run -P resume=true` passes it).")
+@click.pass_context
+def main_cmd(ctx, world, steps_scale, out, label_budget, rounds, guardrails, guardrail, resume):
+    """The whole story: history, diagnostic, correction, candidates, certify, release, grade, summary.
+
+    A main that stopped (SIGTERM, a crash) continues with --resume and the same --out, without buying
+    its labels again or redoing what it finished."""
+    from rlhf_mlflow.steps import main_resume as MR
     from rlhf_mlflow.steps.main import run_main
+    from rlhf_mlflow.steps.outputs import check_out
     from rlhf_mlflow.steps.reports import story_markdown
     t0 = time.perf_counter()
-    from rlhf_mlflow.steps.outputs import check_out
-    check_out(out, directory=True)  # before the default world is built; run_main checks again with it
+    out = check_out(out, directory=True)  # before the default world is built; run_main checks again with it
+    overrides = guardrail_overrides(guardrails, guardrail)
+    try:
+        if resume:
+            world, steps_scale, label_budget, rounds, overrides = _resumed_settings(
+                ctx, MR.resumable(out).settings, (world, steps_scale, label_budget, rounds, overrides))
+        else:
+            MR.refuse_unfinished(out)
+    except InputError as e:
+        raise click.UsageError(str(e)) from None
     paths = resolve_world(world)
     if steps_scale <= 0:
         raise InputError(f"--steps-scale must be > 0, got {steps_scale}")
-    overrides = guardrail_overrides(guardrails, guardrail)
     from rlhf_mlflow.decisions.guardrails import GuardrailConfig
     GuardrailConfig.from_dict(overrides)  # a bad threshold is refused before any run
-    table = run_main(paths, os.path.abspath(out), steps_scale, echo=echo_err, label_budget=label_budget,
-                     guardrails=overrides, rounds=rounds)
+    if resume:
+        problems = MR.mismatches(MR.resumable(out).settings, MR.settings(paths, steps_scale, label_budget, rounds, overrides))
+        if problems:
+            raise click.UsageError(str(MR.SettingsMismatch(problems)))
+    table = run_main(paths, out, steps_scale, echo=echo_err, label_budget=label_budget,
+                     guardrails=overrides, rounds=rounds, resume=resume)
     from rlhf_mlflow.steps.main_rounds import rounds_markdown
     click.echo(story_markdown(table) + rounds_markdown(table.attrs.get("rounds") or []))
     click.echo(f"main finished in {time.perf_counter() - t0:.0f} s")
+
+
+def _resumed_settings(ctx: click.Context, stored: dict, values: tuple) -> tuple:
+    """(world, steps_scale, label_budget, rounds, guardrails): each option the command line left out
+    takes the value of the main being resumed."""
+    world, steps_scale, label_budget, rounds, overrides = values
+    if not given(ctx, ["world"]):
+        world = stored["world"]
+        if not os.path.isdir(world):
+            raise InputError(f"--world: the world the stopped main ran on, {world}, is gone: pass --world with it")
+    steps_scale = steps_scale if given(ctx, ["steps_scale"]) else stored["steps_scale"]
+    label_budget = label_budget if given(ctx, ["label_budget"]) else stored["label_budget"]
+    rounds = rounds if given(ctx, ["rounds"]) else stored["rounds"]
+    overrides = overrides if given(ctx, ["guardrails", "guardrail"]) else stored["guardrails"]
+    return world, steps_scale, label_budget, rounds, overrides
 
 
 COMMANDS = (certify_cmd, release_cmd, grade_cmd, main_cmd)

@@ -6,6 +6,7 @@ balanced truth the over-optimisation watch estimates), trained side by side (mai
 of each as it finishes -> release of every candidate, in recipe order -> grade (the oracle's truth,
 never read by release) -> the champion's recipe trained on the oracle's true reward (this world's
 ceiling for that budget) -> a summary table (main_summary.py).
+A main that stopped continues with `resume` (main_resume.py: what it reuses, and how it knows it is whole).
 """
 from __future__ import annotations
 
@@ -23,13 +24,20 @@ from rlhf_mlflow.steps.certify import run_certify
 from rlhf_mlflow.steps.correct import run_correction
 from rlhf_mlflow.steps.dev_eval import run_dev_eval
 from rlhf_mlflow.steps.diagnostic import run_diagnostic_step
-from rlhf_mlflow.steps.grade import run_grade, run_grade_checkpoint
-from rlhf_mlflow.steps.main_candidates import CHECKPOINTS, WATCH_EVERY, TrainJob, train_all
+from rlhf_mlflow.steps.grade import run_grade_checkpoint
+from rlhf_mlflow.steps import main_resume as MR
+from rlhf_mlflow.steps.main_candidates import CHECKPOINTS, WATCH_EVERY, TrainJob
 from rlhf_mlflow.steps.main_labels import LabelBudget, buy_labels
-from rlhf_mlflow.steps.main_rounds import RoundContext, later_rounds, recipe_of, rounds_markdown
+from rlhf_mlflow.steps.main_rounds import (
+    RoundContext,
+    finished_rounds,
+    labels_so_far,
+    later_rounds,
+    recipe_of,
+    rounds_markdown,
+)
 from rlhf_mlflow.steps.main_summary import summary_table
 from rlhf_mlflow.steps.outputs import check_out
-from rlhf_mlflow.steps.release import run_release
 from rlhf_mlflow.steps.main_view import publish as publish_front_page
 from rlhf_mlflow.steps.reports import markdown_table, story_markdown
 from rlhf_mlflow.steps.train_rl import run_train_rl
@@ -66,58 +74,98 @@ def candidate_jobs(wrapper: str | None, steps_scale: float, gold: str | None = N
 
 def run_main(world: WorldPaths, out_dir: str, steps_scale: float = 1.0, ceiling: bool = True,
              echo: Callable[[str], None] = print, label_budget: int = DEFAULT_LABEL_BUDGET,
-             guardrails: dict | None = None, rounds: int = DEFAULT_ROUNDS) -> pd.DataFrame:
+             guardrails: dict | None = None, rounds: int = DEFAULT_ROUNDS, resume: bool = False) -> pd.DataFrame:
     """The whole story; returns the summary table (its `attrs["ceiling"]` holds the ceiling, if run;
     `attrs["rounds"]` each later round's record).
     `label_budget`: expert labels main may buy on candidates' own responses (main_labels.py) and for
     repairs; `guardrails`: threshold overrides for every release (GuardrailConfig keys); `rounds`: 1 is
-    the story on the world's reward model, each more repairs it with every label so far (main_rounds.py)."""
+    the story on the world's reward model, each more repairs it with every label so far (main_rounds.py);
+    `resume`: continue the main that stopped in `out_dir`, with its settings (main_resume.py)."""
     os.makedirs(check_out(out_dir, {"--world": world.root}, directory=True), exist_ok=True)
     gates = G.GuardrailConfig.from_dict(guardrails or {})  # what every release (and label purchase) applies
+    state = MR.begin(out_dir, MR.settings(world, steps_scale, label_budget, rounds, guardrails), resume, echo)
     t0 = time.perf_counter()
     params = {"world": world.root, "steps_scale": steps_scale, "label_budget": label_budget, "rounds": rounds,
               **{f"guardrail.{k}": v for k, v in (guardrails or {}).items()}}
-    with T.tracked_run("main", params, run_name="main") as parent:
-        diag_path, wrapper = _diagnose_and_correct(world, out_dir, echo)
-        budget = LabelBudget(label_budget)
-
-        def evaluate(name: str, s: dict) -> None:  # as each candidate finishes, while others still train
-            v = s["model_version"]
-            run_dev_eval(REG.version_uri(v), world.policy, world.reward_model, world.prompts_dev, world.expert_set,
-                         run_name=f"dev_eval-{name}")
-            inputs = {"correction": wrapper, "diagnostic": diag_path}
-            report = run_certify(version=v, world=world, echo=echo, **inputs)["report"]
-            buy_labels(v, report, world, inputs, budget, out_dir, echo, gates)
-
-        candidates = train_all(candidate_jobs(wrapper, steps_scale, world.expert_set), world, parent.info.run_id, echo,
-                               on_done=evaluate)
-        for s in candidates.values():  # in recipe order: each release compares with the champion so far
-            run_release(s["model_version"], guardrails=guardrails, echo=echo)
-        for s in candidates.values():
-            run_grade(s["model_version"], world, echo=lambda m: None)
-        ctx = RoundContext(world, out_dir, parent.info.run_id, steps_scale, budget, evaluate, guardrails, echo)
-        records = later_rounds(ctx, rounds, diag_path, [s["model_version"] for n, s in candidates.items() if n in CORRECTED])
-        table = summary_table(parent.info.run_id)
+    tags = {"rlhf.resumes": state.runs[-1]} if resume and state.runs else None
+    with T.tracked_run("main", params, tags=tags, run_name="main") as parent:
+        state.runs.append(parent.info.run_id)
+        state.save()
+        budget = LabelBudget(label_budget, spent=len(labels_so_far(out_dir)))  # labels bought before a resume
+        if resume:
+            echo(f"resume: main run {state.runs[-2] if len(state.runs) > 1 else '-'} stopped; "
+                 f"{budget.spent} expert labels bought before it are reused")
+        diag_path, wrapper = _diagnosis(world, out_dir, state, echo)
+        evaluate = _evaluator(world, out_dir, (diag_path, wrapper), budget, gates, state, echo)
+        candidates = MR.train_or_reuse(candidate_jobs(wrapper, steps_scale, world.expert_set), world,
+                                       parent.info.run_id, state, echo, evaluate)
+        # in recipe order: each release compares with the champion so far
+        MR.release_and_grade([s["model_version"] for s in candidates.values()], world, guardrails, state, echo)
+        ctx = RoundContext(world, out_dir, parent.info.run_id, steps_scale, budget, evaluate, guardrails, echo, state)
+        records = later_rounds(ctx, rounds, diag_path, [s["model_version"] for n, s in candidates.items() if n in CORRECTED],
+                               finished_rounds(out_dir) if resume else [])
+        table = summary_table(state.runs)
         table.attrs["rounds"] = records
         if ceiling:
             _ceiling_if_new_champion(world, out_dir, table, steps_scale, echo)
-        story = story_markdown(table) + rounds_markdown(records)
-        loosened = G.non_default(gates)
-        if loosened:  # a reader must not take a loosened gate's champion for the default gate's
-            story = f"**Released under non-default guardrails: {', '.join(loosened)}**\n\n" + story
-            T.set_tags({"rlhf.non_default": ", ".join(loosened)})
-            echo(f"main: every release ran under non-default guardrails: {', '.join(loosened)}")
-        T.set_description(story)
-        view = publish_front_page(table, parent.info.experiment_id, parent.info.run_id, loosened)
-        echo("MLflow UI: `.venv/bin/mlflow ui --app-name rlhf`, then http://127.0.0.1:5000 (the experiment's page "
-             f"says who is champion); every candidate with its verdict: http://127.0.0.1:5000/{view}")
-        T.log_text(story + "\nEvery column (each guardrail, dev proxy, checkpoint step): summary.csv, or "
-                   "full_summary.md.\n", "summary.md")
-        T.log_text(markdown_table(table), "full_summary.md")
-        T.log_text(table.to_csv(index=False), "summary.csv")
-        T.log_metrics(_outcome_metrics(table) | {MN.MAIN + "seconds": time.perf_counter() - t0,
-                                                 MN.MAIN + "expert_labels": budget.spent})
+        _publish(table, records, parent, gates, budget.spent, t0, echo)
+    state.finished = True
+    state.save()
     return table
+
+
+def _diagnosis(world: WorldPaths, out_dir: str, state: MR.MainState, echo: Callable[[str], None]
+               ) -> tuple[str, str | None]:
+    """_diagnose_and_correct, or what it gave a main this one resumes."""
+    done = state.done.get("diagnosis")
+    if done:
+        echo(f"diagnostic and correction: {done['diagnostic']}, {done['wrapper']} (made before the resume)")
+        return done["diagnostic"], done["wrapper"]
+    diag_path, wrapper = _diagnose_and_correct(world, out_dir, echo)
+    state.mark("diagnosis", {"diagnostic": diag_path, "wrapper": wrapper})
+    return diag_path, wrapper
+
+
+def _evaluator(world: WorldPaths, out_dir: str, diagnosis: tuple[str, str | None], budget: LabelBudget,
+               gates: G.GuardrailConfig, state: MR.MainState, echo: Callable[[str], None]
+               ) -> Callable[[str, dict], None]:
+    """dev_eval, certify and label purchases of a candidate as it finishes (while others still train);
+    once per version over a main and its resumes."""
+    inputs = {"diagnostic": diagnosis[0], "correction": diagnosis[1]}
+
+    def evaluate(name: str, s: dict) -> None:
+        v = str(s["model_version"])
+        if state.done.get(f"evaluated/v{v}"):
+            return
+        # a purchase a stop cut short is made again from its first look (buy_labels): counted once
+        budget.spent -= MR.labels_in(os.path.join(out_dir, f"labels-v{v}.jsonl"))
+        run_dev_eval(REG.version_uri(v), world.policy, world.reward_model, world.prompts_dev, world.expert_set,
+                     run_name=f"dev_eval-{name}")
+        report = run_certify(version=v, world=world, echo=echo, **inputs)["report"]
+        buy_labels(v, report, world, inputs, budget, out_dir, echo, gates)
+        state.mark(f"evaluated/v{v}")
+    return evaluate
+
+
+def _publish(table: pd.DataFrame, records: list[dict], parent, gates: G.GuardrailConfig, labels_spent: int,
+             t0: float, echo: Callable[[str], None]) -> None:
+    """The story on main's run (its description, summary.md, the tables, the outcome metrics) and the front page."""
+    story = story_markdown(table) + rounds_markdown(records)
+    loosened = G.non_default(gates)
+    if loosened:  # a reader must not take a loosened gate's champion for the default gate's
+        story = f"**Released under non-default guardrails: {', '.join(loosened)}**\n\n" + story
+        T.set_tags({"rlhf.non_default": ", ".join(loosened)})
+        echo(f"main: every release ran under non-default guardrails: {', '.join(loosened)}")
+    T.set_description(story)
+    view = publish_front_page(table, parent.info.experiment_id, parent.info.run_id, loosened)
+    echo("MLflow UI: `.venv/bin/mlflow ui --app-name rlhf`, then http://127.0.0.1:5000 (the experiment's page "
+         f"says who is champion); every candidate with its verdict: http://127.0.0.1:5000/{view}")
+    T.log_text(story + "\nEvery column (each guardrail, dev proxy, checkpoint step): summary.csv, or "
+               "full_summary.md.\n", "summary.md")
+    T.log_text(markdown_table(table), "full_summary.md")
+    T.log_text(table.to_csv(index=False), "summary.csv")
+    T.log_metrics(_outcome_metrics(table) | {MN.MAIN + "seconds": time.perf_counter() - t0,
+                                             MN.MAIN + "expert_labels": labels_spent})
 
 
 def _outcome_metrics(table: pd.DataFrame) -> dict:

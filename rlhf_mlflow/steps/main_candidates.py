@@ -14,7 +14,7 @@ import torch
 
 from rlhf_mlflow.core.process import configure_threads
 from rlhf_mlflow.core.world_paths import WorldPaths
-from rlhf_mlflow.steps.train_rl import run_train_rl
+from rlhf_mlflow.steps.train_rl import resume_train_rl, run_train_rl
 from rlhf_mlflow.tracking import runs as T
 from rlhf_mlflow.tracking.workers import (
     absolute_tracking_uri,
@@ -36,6 +36,9 @@ class TrainJob:
     description: str
     tags: dict
     select_watch_best: bool = False
+    resume_run_id: str | None = None
+    """A run of this job that stopped before registering (a resumed `main`): continued from its newest
+    complete checkpoint, in that run (`resume_train_rl`)."""
 
 
 @dataclass(frozen=True)
@@ -117,6 +120,10 @@ def _train_job(env: WorkerEnv, job: TrainJob, echo: Callable[[str], None] | None
     lines: list[str] = []
     say = echo or lines.append
     world = WorldPaths(env.world_root)
+    if job.resume_run_id:
+        summary = resume_train_rl(job.resume_run_id, echo=say, progress=PROGRESS_EVERY)
+        say(f"  {job.name}: resumed run {job.resume_run_id}, {summary['seconds']:.0f} s")
+        return job.name, summary, lines
     say(f"train_rl {job.name} (kl {job.overrides['kl_coef']:g}, {job.overrides['steps']} steps)")
     cfg = load_rl_config(world.config, job.overrides)
     select = "watch_proposal" if job.select_watch_best else None  # certify buys the labels that vouch for it

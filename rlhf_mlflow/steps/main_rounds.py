@@ -11,6 +11,8 @@ Round 1 is main's story (the world's reward model, corrected). Each later round 
   4. dev_eval, certify (buying labels as round 1 does), release and grade each, as round 1 does.
 It stops when the budget cannot pay for a round's repair labels, when the gate refuses the repaired
 model, or when a round does not raise the certified champion. Each round is a nested run of main's.
+A resumed main (main_resume.py) skips the rounds rounds.json holds, and in the round it stopped in
+reuses the repair labels, the repair, the correction and the candidates it had finished.
 """
 from __future__ import annotations
 
@@ -20,15 +22,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from rlhf_mlflow.core import records as D
+from rlhf_mlflow.core.errors import read_json
 from rlhf_mlflow.core.files import atomic_write_json
 from rlhf_mlflow.core.world_paths import WorldPaths
 from rlhf_mlflow.steps.correct import run_correction
 from rlhf_mlflow.steps.expert_label import run_expert_label
 from rlhf_mlflow.steps.label_requests import run_label_requests
-from rlhf_mlflow.steps.main_candidates import CHECKPOINTS, WATCH_EVERY, TrainJob, train_all
+from rlhf_mlflow.steps import main_resume as MR
+from rlhf_mlflow.steps.main_candidates import CHECKPOINTS, WATCH_EVERY, TrainJob
 from rlhf_mlflow.steps.main_labels import LabelBudget
-from rlhf_mlflow.steps.release import run_release
-from rlhf_mlflow.steps.grade import run_grade
 from rlhf_mlflow.steps.repair_rm import run_repair_rm
 from rlhf_mlflow.tracking import registry as REG
 from rlhf_mlflow.tracking import runs as T
@@ -56,6 +58,7 @@ class RoundContext:
     evaluate: Callable[[str, dict], None]
     guardrails: dict | None
     echo: Callable[[str], None]
+    state: MR.MainState
 
 
 def labels_so_far(out_dir: str) -> list[dict]:
@@ -71,7 +74,12 @@ def labels_so_far(out_dir: str) -> list[dict]:
 
 def _buy_repair_labels(ctx: RoundContext, r: int, version: str) -> int:
     """Labels on the champion's responses, REPAIR_PER_FAMILY per family, skipping those held; returns
-    how many were bought (0 when the budget cannot pay for them)."""
+    how many were bought (0 when the budget cannot pay for them). Labels bought before a resume are
+    these labels (their file is written whole), already counted in the budget."""
+    labels = os.path.join(ctx.out_dir, f"labels-r{r}-v{version}.jsonl")
+    if os.path.isfile(labels):
+        ctx.echo(f"round {r}: {MR.labels_in(labels)} repair labels on version {version} bought before the resume")
+        return MR.labels_in(labels)
     requests = os.path.join(ctx.out_dir, f"label_requests-r{r}-v{version}.jsonl")
     run_label_requests(version, ctx.world, "all", REPAIR_PER_FAMILY, out=requests, echo=lambda m: None)
     held = {rec["id"] for rec in labels_so_far(ctx.out_dir)}
@@ -81,7 +89,7 @@ def _buy_repair_labels(ctx: RoundContext, r: int, version: str) -> int:
         return 0
     fresh = os.path.join(ctx.out_dir, f"label_requests-r{r}-new.jsonl")
     D.write_jsonl(fresh, new)
-    run_expert_label(ctx.world, fresh, os.path.join(ctx.out_dir, f"labels-r{r}-v{version}.jsonl"), echo=lambda m: None)
+    run_expert_label(ctx.world, fresh, labels, echo=lambda m: None)
     ctx.budget.spent += len(new)
     return len(new)
 
@@ -106,29 +114,44 @@ def run_round(ctx: RoundContext, r: int, diagnostic: str, lead: str) -> dict | N
         bought = _buy_repair_labels(ctx, r, lead)
         if not bought and not ctx.budget.afford(1):
             return None
-        merged = os.path.join(ctx.out_dir, f"repair-labels-r{r}.jsonl")
-        D.write_jsonl(merged, labels_so_far(ctx.out_dir))
-        rm_dir = os.path.join(ctx.out_dir, f"reward_model_r{r}")
-        repaired = run_repair_rm(ctx.world, [merged], rm_dir, diagnostic, echo=ctx.echo, run_name=f"repair_rm-r{r}")
+        repaired = _repair(ctx, r, diagnostic)
         record = {"round": r, "rm_version": repaired["version"], "rm_promoted": repaired["promoted"],
                   "rm_agreement": _balanced(repaired["agreement"]["child"]), "repair_labels": bought}
         if not repaired["promoted"]:
             ctx.echo(f"round {r}: the repaired reward model was refused: the rounds stop")
             return record
         # repair_rm audited the repaired model already (its run logs diagnostic_repaired.json)
-        atomic_write_json(os.path.join(ctx.out_dir, f"diagnostic-r{r}.json"), repaired["diagnostic"])
-        diag = repaired["diagnostic"]
-        wrapper = os.path.abspath(os.path.join(ctx.out_dir, f"correction-r{r}.py"))
-        rules = run_correction(diag, os.path.join(rm_dir, "train.jsonl"), wrapper)
-        done = train_all(_jobs(r, rm_dir, wrapper if rules else None, ctx), ctx.world, ctx.parent_run_id, ctx.echo,
-                         on_done=ctx.evaluate)
-        for s in done.values():
-            run_release(s["model_version"], guardrails=ctx.guardrails, echo=ctx.echo)
-        for s in done.values():
-            run_grade(s["model_version"], ctx.world, echo=lambda m: None)
         record["diagnostic"] = os.path.join(ctx.out_dir, f"diagnostic-r{r}.json")
+        atomic_write_json(record["diagnostic"], repaired["diagnostic"])
+        wrapper = _correction(ctx, r, repaired)
+        done = MR.train_or_reuse(_jobs(r, repaired["out"], wrapper, ctx), ctx.world, ctx.parent_run_id, ctx.state,
+                                 ctx.echo, ctx.evaluate)
         record["versions"] = [str(s["model_version"]) for s in done.values()]
+        MR.release_and_grade(record["versions"], ctx.world, ctx.guardrails, ctx.state, ctx.echo)
     return record
+
+
+def _repair(ctx: RoundContext, r: int, diagnostic: str) -> dict:
+    """repair_rm with every label so far, or the repair a main this one resumes finished."""
+    rm_dir = os.path.join(ctx.out_dir, f"reward_model_r{r}")
+    reused = MR.reused_repair(ctx.state, r, rm_dir)
+    if reused is not None:
+        ctx.echo(f"round {r}: reward model version {reused['version']} ({rm_dir}), repaired before the resume")
+        return reused
+    merged = os.path.join(ctx.out_dir, f"repair-labels-r{r}.jsonl")
+    D.write_jsonl(merged, labels_so_far(ctx.out_dir))
+    return run_repair_rm(ctx.world, [merged], rm_dir, diagnostic, echo=ctx.echo, run_name=f"repair_rm-r{r}")
+
+
+def _correction(ctx: RoundContext, r: int, repaired: dict) -> str | None:
+    """The repaired model's correction (its own audit's flagged shortcuts): the wrapper, or None when
+    nothing was flagged; the one a resumed main made before, so that its candidates' inputs stay the same."""
+    key = f"correction/r{r}"
+    if key not in ctx.state.done:
+        wrapper = os.path.abspath(os.path.join(ctx.out_dir, f"correction-r{r}.py"))
+        rules = run_correction(repaired["diagnostic"], os.path.join(repaired["out"], "train.jsonl"), wrapper)
+        ctx.state.mark(key, wrapper if rules else None)
+    return ctx.state.done[key]
 
 
 def _balanced(per_family: dict) -> float:
@@ -136,32 +159,41 @@ def _balanced(per_family: dict) -> float:
     return sum(vals) / len(vals) if vals else float("nan")
 
 
-def later_rounds(ctx: RoundContext, rounds: int, diagnostic: str, corrected: list[str]) -> list[dict]:
-    """Rounds 2..rounds; each record: round, rm_version, rm_agreement, champion, labels (total spent).
-    Repair labels are bought on the champion's responses, or with none on the last corrected candidate's
-    (`corrected`: round 1's corrected versions, in recipe order)."""
+def later_rounds(ctx: RoundContext, rounds: int, diagnostic: str, corrected: list[str],
+                 finished: list[dict] | None = None) -> list[dict]:
+    """Rounds 2..rounds; each record: round, rm_version, rm_agreement, champion (before and after),
+    labels (total spent). Repair labels are bought on the champion's responses, or with none on the last
+    corrected candidate's (`corrected`: round 1's corrected versions, in recipe order). `finished`: the
+    records of rounds a main this one resumes finished (rounds.json), not run again."""
     records = []
     for r in range(2, rounds + 1):
-        before = REG.champion_version()
-        lead = str(before.version) if before is not None else (corrected[-1] if corrected else None)
-        if lead is None:
-            break
-        record = run_round(ctx, r, diagnostic, lead)
-        if record is None:
-            break
-        after = REG.champion_version()
-        record.update({"champion": after.version if after else None, "labels_spent": ctx.budget.spent})
+        if r - 2 < len(finished or []):
+            record = finished[r - 2]
+            ctx.echo(f"round {r}: finished before the resume (reward model v{record['rm_version']})")
+        else:
+            before = REG.champion_version()
+            lead = str(before.version) if before is not None else (corrected[-1] if corrected else None)
+            record = run_round(ctx, r, diagnostic, lead) if lead is not None else None
+            if record is None:
+                break
+            after = REG.champion_version()
+            record.update({"champion_before": before.version if before else None,
+                           "champion": after.version if after else None, "labels_spent": ctx.budget.spent})
+            atomic_write_json(os.path.join(ctx.out_dir, "rounds.json"), records + [record])
         records.append(record)
-        atomic_write_json(os.path.join(ctx.out_dir, "rounds.json"), records)
         if not record["rm_promoted"]:
             break
         corrected = record["versions"]
-        if before is not None and after is not None and before.version == after.version:
-            ctx.echo(f"round {r}: the champion is still version {after.version}: the rounds stop")
+        if record.get("champion_before") is not None and record["champion_before"] == record["champion"]:
+            ctx.echo(f"round {r}: the champion is still version {record['champion']}: the rounds stop")
             break
     return records
 
 
+def finished_rounds(out_dir: str) -> list[dict]:
+    """The records of the rounds after the first that this --out's main finished (rounds.json)."""
+    path = os.path.join(out_dir, "rounds.json")
+    return read_json(path) if os.path.isfile(path) else []
 
 
 def rounds_markdown(records: list[dict]) -> str:

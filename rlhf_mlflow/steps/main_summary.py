@@ -11,13 +11,19 @@ from rlhf_mlflow.tracking import runs as T
 from rlhf_mlflow.training.recipes import CANDIDATES
 
 
-def summary_table(parent_run_id: str) -> pd.DataFrame:
-    """Per registered candidate made under `parent_run_id`: dev proxy, certified balanced quality
-    with its interval, every guardrail, the release decision and the oracle's truth."""
-    runs = T.search_runs(f"tags.mlflow.parentRunId = '{parent_run_id}'")
-    if len(runs) and "tags.rlhf.step" in runs:  # a later round's steps are children of its round run
-        for round_id in runs.loc[runs["tags.rlhf.step"] == "round", "run_id"]:
-            runs = pd.concat([runs, T.search_runs(f"tags.mlflow.parentRunId = '{round_id}'")], ignore_index=True)
+def summary_table(parent_run_ids: str | list[str]) -> pd.DataFrame:
+    """Per registered candidate made under `parent_run_ids` (a main run, or a main and the runs it
+    resumed): dev proxy, certified balanced quality with its interval, every guardrail, the release
+    decision and the oracle's truth."""
+    ids = [parent_run_ids] if isinstance(parent_run_ids, str) else parent_run_ids
+    frames = [T.search_runs(f"tags.mlflow.parentRunId = '{i}'") for i in ids]
+    for frame in list(frames):  # a later round's steps are children of its round run
+        if len(frame) and "tags.rlhf.step" in frame:
+            frames += [T.search_runs(f"tags.mlflow.parentRunId = '{round_id}'")
+                       for round_id in frame.loc[frame["tags.rlhf.step"] == "round", "run_id"]]
+    frames = [f for f in frames if len(f)]
+    # newest first (a step a resume ran again is read from its last run)
+    runs = pd.concat(frames, ignore_index=True).sort_values("start_time", ascending=False) if frames else pd.DataFrame()
     by_step = {step: frame for step, frame in runs.groupby("tags.rlhf.step")} if len(runs) else {}
     train_ids = set(by_step.get("train_rl", pd.DataFrame(columns=["run_id"]))["run_id"])
     versions = [v for v in REG.client().search_model_versions(f"name = '{REG.REGISTERED_MODEL}'")
