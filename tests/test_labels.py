@@ -18,7 +18,7 @@ from rlhf_mlflow.cli.portable import certify_main, label_requests_main
 from rlhf_mlflow.core import model as M
 from rlhf_mlflow.core import records as D
 from rlhf_mlflow.core.world_paths import WorldPaths
-from rlhf_mlflow.decisions.certify import certify
+from rlhf_mlflow.decisions.certify import CertifyConfig, certify
 from rlhf_mlflow.decisions.label_requests import draw_requests
 from rlhf_mlflow.decisions.labelled import gain_se, half_width, ppi_mean, skew_shift, t_quantile
 from rlhf_mlflow.tracking import runs as T
@@ -141,13 +141,20 @@ def test_labels_on_one_family_leave_every_other_number_as_it_was(tiny_world, tmp
     keys = ("certifiable", "estimate", "lo", "hi", "gain", "gain_lo", "gain_hi", "ess", "kl")
     for f, row in bare["families"].items():
         got = with_labels["families"][f]
-        if f == "dune":
-            assert got["evidence"] == "policy labels (20)" and got["method"] == "ppi"
+        if f == "dune":  # where the expert set vouches for dune, its labels join the expert set's evidence
+            joint = row["certifiable"]
+            assert got["method"] == ("ppi+dr" if joint else "ppi")
+            assert got["evidence"].startswith("expert set + policy labels (20)" if joint else "policy labels (20)")
+            assert sum(got["evidence_weights"].values()) == pytest.approx(1.0)
             assert got["off_policy"] == {k: row.get(k) for k in got["off_policy"]}
         else:
             assert {k: got[k] for k in keys} == {k: row[k] for k in keys}, f
     assert "5 policy labels < 20" in with_labels["families"]["ember"]["reason"]
     assert all(bare["families"][f]["certifiable"] for f in ("ember", "fjord"))  # numbers, not two Nones, compared
+    # label_combine=False: the labels alone, as estimator 5 certified them
+    alone = certify(policy_dir, ref, gold, rm_dir=rm_dir, policy_labels=str(path), cfg=CertifyConfig(label_combine=False))
+    assert alone["families"]["dune"]["evidence"] == "policy labels (20)" and alone["families"]["dune"]["method"] == "ppi"
+    assert {k: alone["families"]["ember"][k] for k in keys} == {k: bare["families"]["ember"][k] for k in keys}
 
 
 def _register(path: str) -> str:

@@ -43,15 +43,16 @@ from rlhf_mlflow.decisions import labelled as L
 from rlhf_mlflow.decisions import ope_math as O
 from rlhf_mlflow.decisions.label_requests import read_labels
 from rlhf_mlflow.decisions.evidence import families_evidence, family_evidence, fixed_evidence  # noqa: F401 (certify's API)
-from rlhf_mlflow.decisions.evidence import scores as _scores
 from rlhf_mlflow.decisions.overlap import support
 from rlhf_mlflow.decisions.overlap import weight_support as _weight_support
+from rlhf_mlflow.decisions.policy_labels import expert_evidence, label_arrays, label_rule, with_labels  # noqa: F401
 
 
-ESTIMATOR_VERSION = 5
+ESTIMATOR_VERSION = 6
 """Which estimator wrote a report (release recomputes it): 1 the bare bootstrap, 2 the ESS widening
 (issue 19), 3 PPI's variance over prompts and its widening (issue 17), 4 the labelled interval's skew
-correction and the ESS widening's k 20 -> 30, 5 the mixes' allowance for correlated family errors.
+correction and the ESS widening's k 20 -> 30, 5 the mixes' allowance for correlated family errors,
+6 policy labels joined with the expert set where it vouches, and the sequential rule (issue 31).
 A report without it was written by 1 or 2."""
 
 
@@ -74,7 +75,15 @@ class CertifyConfig:
     min_labels: int = L.MIN_LABELS
     """A family with at least this many expert labels on the policy's own samples is certified from them."""
     label_looks: int = 1
-    """How many times labels bought in rounds are looked at: every interval is union-bounded over them."""
+    """How many times labels bought in rounds are looked at: every interval is union-bounded over them
+    (ignored when label_sequential > 0)."""
+    label_sequential: int = 0
+    """> 0: labels are looked at as they come (after every round, any number of rounds) and a labelled
+    interval is the anytime-valid confidence sequence tightest at this many labels per family
+    (sequential.py); 0: a fixed-level interval (union-bounded over label_looks)."""
+    label_combine: bool = True
+    """A family the expert set can vouch for is certified from the expert set and its policy labels
+    together (combine.py, from labelled.MIN_COMBINED_LABELS labels); False: from the labels alone."""
     label_widening: float = L.LABEL_WIDENING
     """Labelled (PPI) intervals are widened about the estimate by this factor (labelled.LABEL_WIDENING)."""
     ess_widening: float = 30.0
@@ -98,6 +107,7 @@ class CertifyConfig:
         check_range("temperature", self.temperature, 0, lo_open=True)
         check_range("min_labels", self.min_labels, 2, integer=True)
         check_range("label_looks", self.label_looks, 1, integer=True)
+        check_range("label_sequential", self.label_sequential, 0, integer=True)
         check_range("ess_widening", self.ess_widening, 0)
         check_range("label_widening", self.label_widening, 1)
         check_range("family_correlation", self.family_correlation, 0, 1)
@@ -246,21 +256,3 @@ def weight_support(policy: M.Policy, reference: M.Policy, gold: list[dict],
                    cfg: CertifyConfig = CertifyConfig()) -> dict[str, dict]:
     """Per family: whether certify could give it a number, from weights alone (overlap.weight_support)."""
     return _weight_support(policy, reference, gold, cfg)
-
-
-def with_labels(row: dict, ev: dict, labels: list[dict], rm, wrapper, cfg: CertifyConfig,
-                 rng: np.random.Generator) -> tuple[dict, np.ndarray | None]:
-    """The family's row certified from the policy labels: predictor = the calibrated, corrected reward
-    model (none without one: then the labels' own mean)."""
-    y = np.array([r["label"] for r in labels], float)
-    prompts = len(ev["labels"])                       # the unlabelled samples: K on each expert prompt
-    if rm is None:
-        f_unl, f_lab = np.zeros((prompts, cfg.samples_per_prompt)), np.zeros(len(y))
-    else:
-        a, b = row["calibration"]["intercept"], row["calibration"]["slope"]
-        scores = _scores(rm, wrapper, labels, D.prompts_tensor(labels), D.responses_tensor(labels))
-        f_unl, f_lab = a + b * ev["policy_scores_all"].reshape(prompts, -1), a + b * scores
-    row_of = {p: i for i, p in reversed(list(enumerate(ev["prompts"])))}
-    at = np.array([row_of.get(tuple(r["attrs"]), -1) for r in labels])  # labels drawn on the expert prompts
-    return L.with_policy_labels(row, f_unl, f_lab, y, ev["labels"], cfg.level, cfg.label_looks, cfg.min_labels,
-                                cfg.n_boot, rng, at, cfg.label_widening)

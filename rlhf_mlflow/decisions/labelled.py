@@ -22,7 +22,10 @@ reference pairs each prompt's unlabelled mean with the reference's expert label 
 (a - y_ref in place of a above).
 
 Labels requested in rounds are looked at after every round: a union bound over the `looks` allowed
-keeps every look's interval valid together (each at level 1 - (1 - level) / looks).
+keeps every look's interval valid together (each at level 1 - (1 - level) / looks); or, with
+`sequential` > 0, the anytime-valid confidence sequence of sequential.py holds at every look at once,
+however many. Where the expert set can vouch for the family too, the labels join its off-policy evidence
+in one estimate (combine.py; with_policy_labels).
 """
 from __future__ import annotations
 
@@ -30,6 +33,9 @@ from dataclasses import dataclass, replace
 from statistics import NormalDist
 
 import numpy as np
+
+from rlhf_mlflow.decisions import combine as CB
+from rlhf_mlflow.decisions import sequential as S
 
 LABEL_WIDENING = 1.15
 """The labelled interval's half-width is multiplied by this. Over 4,500 labelled family intervals (six
@@ -41,6 +47,10 @@ family and 0.897-0.960 balanced. An empirical constant like ope_math's ESS widen
 MIN_LABELS = 20
 """A family is certifiable from policy labels alone with at least this many: below it the t interval
 of a fraction-of-8 quality is too rough to decide a 0.03 guardrail, and the tuned weight too noisy."""
+
+
+MIN_COMBINED_LABELS = 10
+"""A family the expert set can vouch for takes policy labels into one joint estimate from this many (combine.py)."""
 
 
 @dataclass(frozen=True)
@@ -161,48 +171,102 @@ def t_quantile(p: float, df: float) -> float:
     return z + g1 / df + g2 / df ** 2 + g3 / df ** 3 + g4 / df ** 4
 
 
-def half_width(se: float, n: int, level: float, looks: int = 1) -> float:
-    """Half the width of the two-sided interval at `level`, union-bounded over `looks`."""
+def half_width(se: float, n: int, level: float, looks: int = 1, sequential: int = 0) -> float:
+    """Half the width of the two-sided interval at `level`: Student's t, union-bounded over `looks`; or,
+    with `sequential` > 0, the anytime-valid confidence sequence tightest at that many labels
+    (sequential.py), valid at whichever look the caller stops."""
+    if sequential > 0:
+        return float(S.multiplier(n, level, sequential) * se)
     alpha = (1.0 - level) / max(looks, 1)
     return float(t_quantile(1.0 - alpha / 2.0, max(n - 1, 1)) * se)
 
 
-def interval_draws(est: PPI, hw: float, level: float, size: int, rng: np.random.Generator,
+def interval_draws(estimate: float, hw: float, level: float, size: int, rng: np.random.Generator,
                    shift: float = 0.0) -> np.ndarray:
-    """Normal draws whose central `level` interval is this estimate + shift +- hw (its union-bounded,
-    widened, skew-corrected interval): how a labelled family enters a bootstrapped aggregate beside
-    off-policy families."""
+    """Normal draws whose central `level` interval is estimate + shift +- hw (its union-bounded or
+    sequential, widened, skew-corrected interval): how a labelled family enters a bootstrapped aggregate
+    beside off-policy families."""
     z = NormalDist().inv_cdf(0.5 + level / 2.0)
-    return est.estimate + shift + rng.standard_normal(size) * hw / z
+    return estimate + shift + rng.standard_normal(size) * hw / z
+
+
+def influence_skew_shift(c: np.ndarray, se: float, level: float) -> float:
+    """skew_shift for a mean of P per-prompt influence terms c (combine.py): g = k3(c) / P^2 / se^3."""
+    if se <= 0:
+        return 0.0
+    g = _third_cumulant(np.asarray(c, float)) / len(c) ** 2 / se ** 3
+    z = NormalDist().inv_cdf(0.5 + level / 2.0)
+    return float(se * np.clip(g, -MAX_SKEW, MAX_SKEW) * (2 * z * z + 1) / 6)
+
+
+@dataclass(frozen=True)
+class Rule:
+    """How a labelled family's interval is drawn (CertifyConfig's label_* fields)."""
+    level: float
+    looks: int = 1
+    sequential: int = 0
+    widening: float = 1.0
+    min_labels: int = MIN_LABELS
 
 
 def with_policy_labels(row: dict, f_unlabelled: np.ndarray, f_labelled: np.ndarray, labels: np.ndarray,
-                       reference_labels: np.ndarray, level: float, looks: int, min_labels: int, n_boot: int,
-                       rng: np.random.Generator, label_prompts: np.ndarray | None = None, widening: float = 1.0
+                       reference_labels: np.ndarray, rule: Rule, n_boot: int, rng: np.random.Generator,
+                       label_prompts: np.ndarray | None = None, expert: dict | None = None
                        ) -> tuple[dict, np.ndarray | None]:
-    """A family's certify row redone with policy labels: the PPI estimate, its (union-bounded) interval
-    and gain widened by `widening` (LABEL_WIDENING) and moved for skewness (skew_shift), and draws for
-    the aggregates; the off-policy row is
-    kept under `off_policy`. With fewer than `min_labels` labels the off-policy row stands and says how
-    many labels it has (draws None)."""
+    """A family's certify row redone with policy labels, and normal draws for the aggregates. With
+    `expert` (the off-policy evidence, given only where the expert set can vouch: its labels,
+    calibrated predictions, log-ratios and widening) and >= MIN_COMBINED_LABELS labels, one estimate
+    from both (combine.py); else, with >= rule.min_labels labels, PPI on the labels alone; else the
+    off-policy row stands and says how many labels it has (draws None). The off-policy row is kept
+    under `off_policy`; `evidence_weights` says what certified the family and with what weight."""
     n = len(labels)
     off = {k: row.get(k) for k in ("certifiable", "reason", "estimate", "lo", "hi", "gain", "gain_lo", "gain_hi",
                                    "method")}
     out = {**row, "labels": n, "off_policy": off}
-    if n < min_labels:
-        out["reason"] = f"{row['reason']}; {n} policy labels < {min_labels} needed to certify from labels"
+    at = None if label_prompts is None else np.asarray(label_prompts, dtype=int)
+    joint = expert is not None and n >= MIN_COMBINED_LABELS and at is not None and bool((at >= 0).all())
+    if n < rule.min_labels and not joint:
+        out["reason"] = f"{row['reason']}; {n} policy labels < {rule.min_labels} needed to certify from labels"
         out["evidence"] = "expert set (off-policy)" if row["certifiable"] else "none"
+        out["evidence_weights"] = {"expert_set": 1.0} if row["certifiable"] else {}
         return out, None
     est = ppi_mean(f_unlabelled, f_labelled, labels, label_prompts)
-    hw = widening * half_width(est.se, n, level, looks)
-    shift = skew_shift(est, est.lam * est.prompt_means, est.se, level, looks)
+    if joint:
+        return _joint_row(out, est, expert, reference_labels, rule, n_boot, rng)
+    look = 1 if rule.sequential else rule.looks          # the skew correction is a one-look expansion
+    hw = rule.widening * half_width(est.se, n, rule.level, rule.looks, rule.sequential)
+    shift = skew_shift(est, est.lam * est.prompt_means, est.se, rule.level, look)
     g_se, terms = gain_se(est, reference_labels), paired_gain_terms(est, reference_labels)
-    g_shift = skew_shift(est, est.lam * est.prompt_means if terms is None else terms, g_se, level, looks)
-    gain_hw = widening * half_width(g_se, n, level, looks)
+    g_shift = skew_shift(est, est.lam * est.prompt_means if terms is None else terms, g_se, rule.level, look)
+    gain_hw = rule.widening * half_width(g_se, n, rule.level, rule.looks, rule.sequential)
     gain = est.estimate - row["reference"]
-    out.update(certifiable=True, reason="ok", method="ppi", evidence=f"policy labels ({n})", estimate=est.estimate,
+    out.update(certifiable=True, reason="ok", method="ppi", evidence=f"policy labels ({n})",
+               evidence_weights={"policy_labels": 1.0}, estimate=est.estimate,
                lo=est.estimate + shift - hw, hi=est.estimate + shift + hw, gain=gain,
                gain_lo=gain + g_shift - gain_hw, gain_hi=gain + g_shift + gain_hw,
-               ppi={"lambda": est.lam, "se": est.se, "unlabelled": est.N, "looks": looks, "widening": widening,
-                    "skew_shift": shift})
-    return out, interval_draws(est, hw, level, n_boot, rng, shift)
+               ppi={"lambda": est.lam, "se": est.se, "unlabelled": est.N, "looks": rule.looks,
+                    "sequential": rule.sequential, "widening": rule.widening, "skew_shift": shift})
+    return out, interval_draws(est.estimate, hw, rule.level, n_boot, rng, shift)
+
+
+def _joint_row(out: dict, est: PPI, expert: dict, reference_labels: np.ndarray, rule: Rule, n_boot: int,
+               rng: np.random.Generator) -> tuple[dict, np.ndarray]:
+    """The row certified from the expert set and the policy labels together (combine.py)."""
+    n = est.n
+    c = CB.combine(est.lam * est.prompt_means, est.residuals, est.label_prompts,
+                   expert["labels"] - est.lam * expert["predictions"], expert["log_ratios"], expert["widening"])
+    hw = rule.widening * half_width(c.se, n, rule.level, rule.looks, rule.sequential)
+    shift = influence_skew_shift(c.influence, c.se, rule.level)
+    gain_terms = c.influence - np.asarray(reference_labels, float)     # paired per expert prompt
+    g_se = float(np.sqrt(np.var(gain_terms, ddof=1) / len(gain_terms)))
+    g_shift = influence_skew_shift(gain_terms, g_se, rule.level)
+    gain_hw = rule.widening * half_width(g_se, n, rule.level, rule.looks, rule.sequential)
+    gain = c.estimate - out["reference"]
+    out.update(certifiable=True, reason="ok", method="ppi+dr",
+               evidence=f"expert set + policy labels ({n}), labels' weight {c.alpha:.2f}",
+               evidence_weights={"expert_set": 1.0 - c.alpha, "policy_labels": c.alpha}, estimate=c.estimate,
+               lo=c.estimate + shift - hw, hi=c.estimate + shift + hw, gain=gain,
+               gain_lo=gain + g_shift - gain_hw, gain_hi=gain + g_shift + gain_hw,
+               ppi={"lambda": est.lam, "se": c.se, "alpha": c.alpha, "unlabelled": est.N, "looks": rule.looks,
+                    "sequential": rule.sequential, "widening": rule.widening, "skew_shift": shift})
+    return out, interval_draws(c.estimate, hw, rule.level, n_boot, rng, shift)

@@ -58,7 +58,7 @@ CHARTED = (("estimate", "certified"), ("lo", "certified_lo"), ("hi", "certified_
 in the table `certify_families.json` and the figure, every other number in `certification_table.json`."""
 FAMILY_TABLE = "certify_families.json"
 TABLE_COLUMNS = ("certifiable", "estimate", "lo", "hi", "gain", "gain_lo", "gain_hi", "reference", "ess",
-                 "pop_ess", "khat", "kl", "snips", "direct", "labels", "reason")
+                 "pop_ess", "khat", "kl", "snips", "direct", "labels", "evidence", "evidence_weights", "reason")
 
 
 def _groups(report: dict) -> dict:

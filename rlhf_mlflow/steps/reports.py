@@ -30,15 +30,21 @@ def certification_markdown(report: dict) -> str:
     title = f"# Certification of {subject.get('registered_model', 'policy')} version {subject.get('model_version', '?')}\n\n"
     about = ("Expert set: doubly-robust off-policy estimate from the labelled reference samples (a seeded "
              "bootstrap interval); ESS = its effective sample size. Expert labels: PPI++ on labels of the "
-             "policy's own answers. Every number: certification_table.json.\n\n")
+             "policy's own answers; both: one estimate weighted by their variances. Every number: "
+             "certification_table.json.\n\n")
     return title + about + head + "\n".join(lines) + "\n"
 
 
 def evidence_words(row: dict) -> str:
-    """Which evidence certified a family: the expert set (off-policy, with its ESS) or expert labels
-    on the policy's own samples (with their number); "none" when neither could."""
+    """Which evidence certified a family: the expert set (off-policy, with its ESS), expert labels on the
+    policy's own samples (with their number), or both joined (with their weights in the correction,
+    decisions/combine.py); "none" when neither could."""
     if row.get("method") == "ppi":
         return f"expert labels on own samples (n={row.get('labels')})"
+    if row.get("method") == "ppi+dr":
+        w = row.get("evidence_weights", {})
+        return (f"expert set (ESS {row['ess']:.0f}, weight {w.get('expert_set', 0):.2f}) + expert labels on own "
+                f"samples (n={row.get('labels')}, weight {w.get('policy_labels', 0):.2f})")
     if not row.get("certifiable"):
         return "none"
     return f"expert set (off-policy, ESS {row['ess']:.0f})"
