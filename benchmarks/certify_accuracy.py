@@ -21,13 +21,20 @@ gold-free diagnostic and its correction are fitted as the pipeline does; policie
 kept under `--work/<world>/<policy>` (an existing one is reused). Certification runs with the reward
 model, the correction and the default CertifyConfig (`--ess-widening` overrides its widening).
 
-Prints, per setting and K: cells, certified, MAE, bias, 90%-interval coverage of the deployment truth
-(and of the expert-prompt truth), mean width, and a 90% bootstrap interval of the coverage over expert
-sets (one set's errors are shared by every policy certified from it: with 6 sets a world's coverage is
-uncertain by several points). `--cells F` reports the cells of earlier `--out` runs, pooled, computing
-nothing. Last line: `labelled_coverage: X` (family level, K = 50,
-the minimum over settings) when `--policy-labels` includes 50, else `deployment_coverage: X` (family
-level, off-policy, the minimum over settings); both are printed when both are measured.
+Prints, per setting, K and method: cells, certified, MAE, bias, 90%-interval coverage of the deployment
+truth (and of the expert-prompt truth), mean width, and a 90% bootstrap interval of the coverage over
+expert sets (one set's errors are shared by every policy certified from it: with 6 sets a world's
+coverage is uncertain by several points). At every K > 0 the methods are side by side on the same labels
+and the same predictor (benchmarks/ppi_reference.py): `ours` (certify: the expert set and the labels
+joined where the expert set vouches, else the labels alone, else refused), `ppi_py` (ppi_py.ppi_mean_ci,
+the authors' PPI++; needs the bench extra, `pip install -e '.[bench]'`, or `--no-ppi-py`) and `classical`
+(the labels alone, a t interval); then ours' width over ppi_py's on the cells both certified.
+`--cells F` reports the cells of earlier `--out` runs, pooled, computing nothing; `--arrays F` keeps every
+labelled cell's arrays to try estimators offline. Last lines: `deployment_coverage: X` (off-policy,
+family level, K = 0, the minimum over settings), `labelled_coverage: X` (ours, family level, K = 50, the
+minimum over settings), `coverage_k20: X` (ours, family level, K = 20, pooled over settings),
+`width_ratio_vs_ppi_k20: Y` and `width_ratio_vs_ppi_k50: Z` (ours' mean family width over ppi_py's, same
+cells).
 """
 from __future__ import annotations
 
@@ -35,6 +42,7 @@ import argparse
 import hashlib
 import json
 import os
+import pickle
 import sys
 import time
 from dataclasses import replace
@@ -61,6 +69,9 @@ from rlhf_mlflow.training.train_rl import train_rl  # noqa: E402
 from rlhf_mlflow.world.annotator import label_requests  # noqa: E402
 from rlhf_mlflow.world.build import ensure_world  # noqa: E402
 from rlhf_mlflow.world.oracle import Oracle  # noqa: E402
+
+from benchmarks.certify_arrays import KEPT, recompute  # noqa: E402
+from benchmarks.ppi_reference import INSTALL, reference_rows  # noqa: E402
 
 POLICIES = {
     "corrected-kl0.1-s300": ({"kl_coef": 0.1, "steps": 300}, True),
@@ -190,15 +201,23 @@ def evaluate_world(world: str, a: argparse.Namespace) -> list[dict]:
             evidence = {f: C.family_evidence(policy, reference, rm, wrapper, g, cfg, [], gen)
                         for f, g in D.group_by_family(gold).items()}
             bare = certified(evidence, {}, rm, wrapper, replace(cfg, ess_widening=0.0, family_correlation=0.0))  # before #19
+            off = certified(evidence, {}, rm, wrapper, cfg)
             for k, label_seed in [(k, a.draw_offset + s) for k in a.policy_labels for s in range(a.label_seeds if k else 1)]:
                 labels = policy_labels(world, policy, gold, k, label_seed, f"{setting['world']}/{name}/{size}/{gold_rep}")
                 rep = certified(evidence, labels, rm, wrapper, cfg)
+                cell = {**setting, "gold": size, "gold_rep": gold_rep, "K": k, "label_seed": label_seed, "policy": name}
                 for f, r in rep.items():
-                    rows.append({**setting, "gold": size, "gold_rep": gold_rep, "K": k, "label_seed": label_seed, "policy": name, "family": f,
+                    rows.append({**cell, "method": "ours", "family": f,
                                  "truth": truth[f"truth/{f}"], "truth_xp": xp[f"truth/{f}"],
                                  "certifiable": r["certifiable"], "estimate": r["estimate"], "lo": r["lo"],
                                  "hi": r["hi"], "lo0": bare[f]["lo"], "hi0": bare[f]["hi"],
                                  "evidence": r.get("evidence", "expert set")})
+                if k:
+                    arrays = {f: C.label_arrays(off[f], evidence[f], labels[f], rm, wrapper, cfg) for f in labels}
+                    rows += reference_rows(cell, arrays, truth, xp, cfg.level, a.ppi_py)
+                    if a.arrays is not None:
+                        a.arrays.append({**cell, "truth": truth, "truth_xp": xp, "off": off, "arrays": arrays,
+                                         "evidence": {f: {key: evidence[f][key] for key in KEPT} for f in evidence}})
                 show(setting["seed"], size, k, name, truth, rep["balanced"], time.perf_counter() - t)
     return rows
 
@@ -249,31 +268,73 @@ def set_interval(rows: list[dict], level: float = 0.90, draws: int = 2000) -> tu
     return float(np.quantile(cov, (1 - level) / 2)), float(np.quantile(cov, (1 + level) / 2))
 
 
+def _key(r: dict) -> tuple:
+    return (r["world"], r["policy"], r["gold"], r["gold_rep"], r["K"], r["label_seed"], r["family"])
+
+
+def width_ratio(rows: list[dict], k: int, level: str = "family") -> float:
+    """Mean width of ours over mean width of ppi_py's, on the cells both certified at K."""
+    keep = lambda r: r["K"] == k and r["certifiable"] and (r["family"] == "balanced") == (level == "balanced")  # noqa: E731
+    ppi = {_key(r): r["hi"] - r["lo"] for r in rows if keep(r) and r.get("method") == "ppi_py"}
+    ours = {_key(r): r["hi"] - r["lo"] for r in rows if keep(r) and r.get("method", "ours") == "ours" and _key(r) in ppi}
+    return float(np.mean(list(ours.values())) / np.mean([ppi[c] for c in ours])) if ours else float("nan")
+
+
 def report(rows: list[dict], ks: list[int]) -> dict:
-    """Prints the tables; returns {K: min over settings of the family-level deployment coverage}."""
+    """Prints the tables; returns {(method, K): (min over settings, pooled) family-level deployment coverage}."""
     settings = sorted({(r["world"], r["seed"], r["entropy"], r["crowd_noise"], r["gold"]) for r in rows},
                       key=lambda s: (s[1], s[4]))
+    methods = [m for m in ("ours", "ppi_py", "classical") if any(r.get("method", "ours") == m for r in rows)]
     worst = {}
-    print(f"\n{'seed':>4s} {'H/tok':>5s} {'crowd':>5s} {'gold':>4s} {'K':>3s} {'level':8s} {'cells':>5s} {'given':>5s} "
-          f"{'MAE':>6s} {'bias':>7s} {'cover':>6s} {'cov_xp':>6s} {'width':>6s} {'bare':>6s} {'w_bare':>6s} "
+    print(f"\n{'seed':>4s} {'H/tok':>5s} {'crowd':>5s} {'gold':>4s} {'K':>3s} {'method':9s} {'level':8s} {'cells':>5s} "
+          f"{'given':>5s} {'MAE':>6s} {'bias':>7s} {'cover':>6s} {'cov_xp':>6s} {'width':>6s} {'bare':>6s} {'w_bare':>6s} "
           f"{'cover, 90% over sets':>20s}")
     for k in ks:
-        for w, seed, ent, crowd, gold in settings:
-            sel = [r for r in rows if r["world"] == w and r["gold"] == gold and r["K"] == k]
+        for m in methods:
+            for w, seed, ent, crowd, gold in settings:
+                sel = [r for r in rows if r["world"] == w and r["gold"] == gold and r["K"] == k and r.get("method", "ours") == m]
+                if not sel:
+                    continue
+                s = summarise(sel)
+                worst[m, k] = min(worst.get((m, k), 1.0), s["family"]["coverage"])
+                for level, v in s.items():
+                    lo, hi = set_interval([r for r in sel if (r["family"] == "balanced") == (level == "balanced")])
+                    print(f"{seed:4d} {ent:5.2f} {crowd:5.2f} {gold:4d} {k:3d} {m:9s} {level:8s} {v['n']:5d} {v['given']:5d} "
+                          f"{v['mae']:6.3f} {v['bias']:+7.3f} {v['coverage']:6.3f} {v['cover_xp']:6.3f} {v['width']:6.3f} "
+                          f"{v['cover_bare']:6.3f} {v['width_bare']:6.3f}       [{lo:.3f}, {hi:.3f}]")
+    print()
+    for k in ks:
+        for m in methods:
+            sel = [r for r in rows if r["K"] == k and r.get("method", "ours") == m]
+            if not sel:
+                continue
             s = summarise(sel)
-            worst[k] = min(worst.get(k, 1.0), s["family"]["coverage"])
-            for level, v in s.items():
-                lo, hi = set_interval([r for r in sel if (r["family"] == "balanced") == (level == "balanced")])
-                print(f"{seed:4d} {ent:5.2f} {crowd:5.2f} {gold:4d} {k:3d} {level:8s} {v['n']:5d} {v['given']:5d} "
-                      f"{v['mae']:6.3f} {v['bias']:+7.3f} {v['coverage']:6.3f} {v['cover_xp']:6.3f} {v['width']:6.3f} "
-                      f"{v['cover_bare']:6.3f} {v['width_bare']:6.3f}       [{lo:.3f}, {hi:.3f}]")
-        s = summarise([r for r in rows if r["K"] == k])
-        far = [r for r in rows if r["K"] == k and r["policy"] == FAR and r["family"] == "balanced"]
-        print(f"all settings, K {k}: family coverage {s['family']['coverage']:.3f} ({s['family']['given']}/"
-              f"{s['family']['n']} certified, MAE {s['family']['mae']:.3f}, width {s['family']['width']:.3f}); "
-              f"balanced {s['balanced']['coverage']:.3f} ({s['balanced']['given']}/{s['balanced']['n']}); "
-              f"far policy certified in {sum(r['certifiable'] for r in far)}/{len(far)} settings")
+            far = [r for r in sel if r["policy"] == FAR and r["family"] == "balanced"]
+            worst[m, k] = (worst[m, k], s["family"]["coverage"])
+            print(f"all settings, K {k:3d}, {m:9s}: family coverage {s['family']['coverage']:.3f} (min over settings "
+                  f"{worst[m, k][0]:.3f}; {s['family']['given']}/{s['family']['n']} certified, MAE {s['family']['mae']:.3f}, "
+                  f"width {s['family']['width']:.3f}); balanced {s['balanced']['coverage']:.3f} "
+                  f"({s['balanced']['given']}/{s['balanced']['n']}, width {s['balanced']['width']:.3f}); "
+                  f"far policy certified in {sum(r['certifiable'] for r in far)}/{len(far)}")
+        if k and "ppi_py" in methods:
+            print(f"K {k:3d}: width ours / ppi_py on the same cells: family {width_ratio(rows, k):.3f}, "
+                  f"balanced {width_ratio(rows, k, 'balanced'):.3f}")
     return worst
+
+
+def last_lines(rows: list[dict], worst: dict) -> None:
+    """The summary lines: deployment_coverage (off-policy, K = 0, min over settings), labelled_coverage
+    (K = 50, min over settings), then coverage_k20 (ours, family level, pooled over settings) and the width
+    ratios against ppi_py."""
+    if ("ours", 0) in worst:
+        print(f"deployment_coverage: {worst['ours', 0][0]:.3f}")
+    if ("ours", 50) in worst:
+        print(f"labelled_coverage: {worst['ours', 50][0]:.3f}")
+    if ("ours", 20) in worst:
+        print(f"coverage_k20: {worst['ours', 20][1]:.3f}")
+    for k in (20, 50):
+        if ("ppi_py", k) in worst:
+            print(f"width_ratio_vs_ppi_k{k}: {width_ratio(rows, k):.3f}")
 
 
 def parse_setting(ap: argparse.ArgumentParser, text: str) -> tuple[str, int]:
@@ -309,10 +370,24 @@ def main() -> None:
                     help="fresh prompts per family for the truth (8 samples each; its own SE about 0.002)")
     ap.add_argument("--ess-widening", type=float, default=C.CertifyConfig().ess_widening)
     ap.add_argument("--out", help="write every cell as JSON here")
+    ap.add_argument("--no-ppi-py", dest="ppi_py", action="store_false",
+                    help="leave out ppi_py's PPI++ beside ours (it needs the bench extra: pip install -e '.[bench]')")
+    ap.add_argument("--arrays", dest="arrays_path", metavar="F",
+                    help="pickle every labelled cell's predictor arrays, labels, off-policy rows and evidence here "
+                         "(to try estimators offline)")
+    ap.add_argument("--from-arrays", action="append", default=[], metavar="F",
+                    help="re-estimate the labelled cells kept with --arrays (repeatable; pooled) with the estimator as "
+                         "the code now computes it, computing nothing else")
     ap.add_argument("--cells", action="append", default=[], metavar="F",
                     help="report the cells an earlier run wrote with --out (repeatable; pooled), computing nothing")
     a = ap.parse_args()
     a.policies = [p for p in a.policies.split(",") if p]
+    a.arrays = [] if a.arrays_path else None
+    if a.ppi_py and not a.cells:  # --from-arrays needs it too
+        try:
+            import ppi_py  # noqa: F401
+        except ImportError:
+            ap.error(INSTALL)
     unknown = [p for p in a.policies if p not in POLICIES]
     if unknown:
         ap.error(f"--policies: unknown {', '.join(unknown)} (choose from {', '.join(POLICIES)}; the reference is "
@@ -320,11 +395,12 @@ def main() -> None:
     a.setting = [parse_setting(ap, x) for x in a.setting]
     a.gold_sizes = [int(x) for x in a.gold_sizes.split(",")]
     a.policy_labels = sorted({0} | {int(x) for x in a.policy_labels.split(",")})
-    if a.cells:
+    if a.cells or a.from_arrays:
         rows = [r for path in a.cells for r in json.load(open(path))]
+        rows += recompute([c for path in a.from_arrays for c in pickle.load(open(path, "rb"))], C.CertifyConfig(),
+                          a.ppi_py)
         ks = sorted({r["K"] for r in rows})
-        worst = report(rows, ks)
-        print(f"deployment_coverage: {worst[0]:.3f}" + (f"\nlabelled_coverage: {worst[50]:.3f}" if 50 in worst else ""))
+        last_lines(rows, report(rows, ks))
         return
     configure_threads()
     t0 = time.perf_counter()
@@ -332,15 +408,18 @@ def main() -> None:
                               for name, seed in a.setting]
     if not worlds:
         worlds = [ensure_world(a.cache, s, None, "bench", progress=print)[0] for s in range(a.seed, a.seed + a.worlds)]
-    rows = [r for w in worlds for r in evaluate_world(w, a)]
-    if a.out:
-        with open(a.out, "w") as f:
-            json.dump(rows, f)
+    rows = []
+    for w in worlds:  # written after every world: a long run's finished worlds survive it
+        rows += evaluate_world(w, a)
+        if a.out:
+            with open(a.out, "w") as f:
+                json.dump(rows, f)
+        if a.arrays is not None:
+            with open(a.arrays_path, "wb") as f:
+                pickle.dump(a.arrays, f)
     worst = report(rows, a.policy_labels)
     print(f"total {time.perf_counter() - t0:.0f}s")
-    print(f"deployment_coverage: {worst[0]:.3f}")
-    if 50 in worst:
-        print(f"labelled_coverage: {worst[50]:.3f}")
+    last_lines(rows, worst)
 
 
 if __name__ == "__main__":
