@@ -4,6 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import signal
+import subprocess
+import sys
+import time
 
 import mlflow
 import pytest
@@ -56,3 +61,136 @@ def test_a_second_round_repairs_the_reward_model_and_trains_certifies_and_releas
     assert later["decision"].notna().all() and later["truth_balanced"].notna().all()
     trained = runs[runs["tags.rlhf.round"] == "2"]
     assert len(trained) == 2 and all(p.endswith("reward_model_r2") for p in trained["params.reward_model"])
+
+
+RLHF_MLFLOW = os.path.join(os.path.dirname(sys.executable), "rlhf-mlflow")
+
+
+def _stopped_main(tiny_world, out, **changed) -> None:
+    """An --out holding the state of a main that stopped (run `abc`), with the given settings changed."""
+    from rlhf_mlflow.steps import main_resume as MR
+    os.makedirs(out)
+    settings = MR.settings(WorldPaths.at(tiny_world), 0.05, 1200, 2, {}) | changed
+    MR.MainState(os.path.join(out, MR.STATE), settings, ["abc"]).save()
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--rounds", "3"], "--rounds 3 differs from its 2"),
+    (["--label-budget", "600"], "--label-budget 600 differs from its 1200"),
+    (["--steps-scale", "0.1"], "--steps-scale 0.1 differs from its 0.05"),
+    (["--guardrail", "max_family_kl=4"], "--guardrail"),
+])
+def test_a_resume_with_other_settings_is_refused_naming_the_option(tiny_world, tmp_path, args, message):
+    from click.testing import CliRunner
+
+    from rlhf_mlflow.cli import cli
+    out = str(tmp_path / "out")
+    _stopped_main(tiny_world, out)
+    res = CliRunner().invoke(cli, ["main", "--world", tiny_world, "--out", out, "--resume", *args])
+    assert res.exit_code == 2 and message in res.output, res.output
+    assert not mlflow.search_runs(search_all_experiments=True, output_format="list")
+
+
+def test_a_resume_on_another_world_or_without_a_stopped_main_is_refused(tiny_world, tmp_path):
+    from click.testing import CliRunner
+
+    from rlhf_mlflow.cli import cli
+    out = str(tmp_path / "out")
+    res = CliRunner().invoke(cli, ["main", "--world", tiny_world, "--out", out, "--resume"])
+    assert res.exit_code == 2 and "holds no main to resume" in res.output, res.output
+    _stopped_main(tiny_world, out, world_hash="0123456789abcdef")
+    res = CliRunner().invoke(cli, ["main", "--world", tiny_world, "--out", out, "--resume", "true"])
+    assert res.exit_code == 2 and "--world" in res.output and "0123456789abcdef" in res.output, res.output
+    # without --resume, a main that did not finish is not started over (its labels would be bought again)
+    res = CliRunner().invoke(cli, ["main", "--world", tiny_world, "--out", out])
+    assert res.exit_code == 2 and "did not finish (run abc)" in res.output and "--resume" in res.output, res.output
+    assert not mlflow.search_runs(search_all_experiments=True, output_format="list")
+
+
+def _main(args: list[str], cwd, log) -> subprocess.Popen:
+    # its own process group: a failing test takes main's training workers down with it
+    return subprocess.Popen([RLHF_MLFLOW, "main", *args], cwd=cwd, stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+
+
+def _finish(proc: subprocess.Popen, log_path, timeout: float) -> int:
+    try:
+        return proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        pytest.fail(f"main took over {timeout} s:\n{open(log_path).read()[-3000:]}")
+
+
+def _kill_when_round_2_trains(proc: subprocess.Popen, log_path, timeout: float = 1500) -> None:
+    """SIGTERM once a round-2 candidate has a checkpoint in the store (its repair is registered and decided)."""
+    client, deadline = mlflow.MlflowClient(), time.monotonic() + timeout
+    while proc.poll() is None and time.monotonic() < deadline:
+        runs = mlflow.search_runs(search_all_experiments=True, filter_string="tags.rlhf.round = '2'",
+                                  output_format="list")
+        if any(client.list_artifacts(r.info.run_id, "checkpoints") for r in runs):
+            proc.send_signal(signal.SIGTERM)
+            assert _finish(proc, log_path, 120) == 130
+            return
+        time.sleep(0.5)
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+    pytest.fail(f"main never trained a round-2 candidate:\n{open(log_path).read()[-3000:]}")
+
+
+def _labelled_before(out: str) -> dict[str, str]:
+    """{label requests file: its labels file} for every labels file in --out (each request file's labels)."""
+    found = {}
+    for name in os.listdir(out):
+        m = re.fullmatch(r"labels-(r\d+)?-?(v\d+)\.jsonl", name)
+        if m:
+            found[f"label_requests-{m.group(1)}-new.jsonl" if m.group(1) else f"label_requests-{m.group(2)}.jsonl"] = name
+    return found
+
+
+@pytest.mark.slow
+def test_a_main_killed_in_round_2_resumes_without_buying_its_labels_again(tiny_world, tmp_path):
+    """`main --rounds 2` gets SIGTERM while round 2's candidates train; `main --resume` finishes it: the
+    labels bought before are not bought again and count once, round 1 and the repair are not run again,
+    the killed runs are KILLED, every version has one release decision, the summary has both rounds."""
+    out, log = str(tmp_path / "out"), str(tmp_path / "main.log")
+    args = ["--world", tiny_world, "--steps-scale", "0.05", "--rounds", "2", "--label-budget", "1200", "--out", out]
+    runs = lambda: mlflow.search_runs(search_all_experiments=True, output_format="list")  # noqa: E731
+    runs()  # the store made here: the polling below and main must not both create its tables
+    with open(log, "w") as f:
+        _kill_when_round_2_trains(_main(args, tmp_path, f), log)
+    killed_ids = {r.info.run_id for r in runs()}
+    assert not [r for r in runs() if r.info.status == "RUNNING"]
+    (killed,) = [r for r in runs() if r.data.tags["rlhf.step"] == "main"]
+    assert killed.info.status == "KILLED"
+    labelled = _labelled_before(out)
+    held = {name: open(os.path.join(out, name)).read() for name in labelled.values()}
+    assert any(name.startswith("labels-r2-") for name in held), held
+
+    with open(log, "a") as f:
+        assert _finish(_main(["--resume", "--out", out], tmp_path, f), log, 1500) == 0, open(log).read()[-3000:]
+    after = runs()
+    assert not [r for r in after if r.info.status == "RUNNING"]
+    (resumed,) = [r for r in after if r.data.tags["rlhf.step"] == "main" and r.info.run_id not in killed_ids]
+    assert resumed.data.tags["rlhf.resumes"] == killed.info.run_id and resumed.info.status == "FINISHED"
+    new = [r for r in after if r.info.run_id not in killed_ids]
+    # no label bought before the kill is asked for again; the budget counts every label once
+    again = [r for r in new if r.data.tags["rlhf.step"] == "expert_label"
+             and os.path.basename(r.data.params["requests"]) in labelled]
+    assert not again and all(open(os.path.join(out, n)).read() == text for n, text in held.items())
+    assert resumed.data.metrics["main/expert_labels"] == len(labels_so_far(out)) <= 1200
+    # round 1, its diagnosis and round 2's repair are not run again; cut-short candidates continue their runs
+    steps = [r.data.tags["rlhf.step"] for r in new]
+    assert not {"diagnostic", "correction", "repair_rm"} & set(steps), steps
+    names = [r.info.run_name for r in after if r.data.tags["rlhf.step"] == "train_rl"]
+    assert len(names) == len(set(names)) and sum(n.startswith("r2-") for n in names) == 2, names
+    # one release decision per version; the summary (the resumed main's) has both rounds
+    client = mlflow.MlflowClient()
+    for mv in client.search_model_versions("name = 'rlhf-policy'"):
+        released = [r for r in after if r.data.tags["rlhf.step"] == "release" and r.info.status == "FINISHED"
+                    and r.data.params["model_version"] == str(mv.version)]
+        assert len(released) == 1 and mv.tags["release.decision"], (mv.version, len(released))
+    assert all(mv.tags.get("gate.decision") for mv in client.search_model_versions("name = 'rlhf-reward-model'"))
+    summary = client.download_artifacts(resumed.info.run_id, "summary.csv", str(tmp_path))
+    candidates = open(summary).read()
+    assert "corrected-" in candidates and "\nr2-corrected-" in candidates, candidates
+    assert [r["round"] for r in json.load(open(os.path.join(out, "rounds.json")))] == [2]
