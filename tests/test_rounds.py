@@ -194,3 +194,31 @@ def test_a_main_killed_in_round_2_resumes_without_buying_its_labels_again(tiny_w
     candidates = open(summary).read()
     assert "corrected-" in candidates and "\nr2-corrected-" in candidates, candidates
     assert [r["round"] for r in json.load(open(os.path.join(out, "rounds.json")))] == [2]
+
+
+def test_a_repair_is_reused_only_whole_registered_and_decided(tiny_world, tmp_path):
+    """reused_repair trusts reward_model_r2 only when it holds exactly the files of a version that round 2's
+    repair_rm run (under a main this one resumes) registered and the gate decided."""
+    import shutil
+
+    from rlhf_mlflow.steps import main_resume as MR
+    from rlhf_mlflow.tracking import runs as T
+    rm_dir = str(tmp_path / "out" / "reward_model_r2")
+    shutil.copytree(os.path.join(tiny_world, "reward_model"), rm_dir)
+    with T.tracked_run("main", run_name="main") as main, T.tracked_run("round", run_name="round-2"), \
+            T.tracked_run("repair_rm", run_name="repair_rm-r2") as repair:
+        T.log_artifact(rm_dir, RMR.ARTIFACT)
+        T.log_json_artifact({"agreement": {"child": {"anvil": {"r": 0.5}}}}, "repair.json")
+        T.log_json_artifact({"families": {}}, "diagnostic_repaired.json")
+        version = RMR.register(repair.info.run_id, rm_dir, {"world_hash": "w", "parent_version": "none"})
+    state = MR.MainState(str(tmp_path / "state.json"), {}, [main.info.run_id, "this-run"])
+    assert MR.reused_repair(state, 2, rm_dir) is None  # registered, not decided: repaired again
+    RMR.decide(version, {}, "production", None)
+    reused = MR.reused_repair(state, 2, rm_dir)
+    assert reused["version"] == version and reused["promoted"] and reused["agreement"]["child"]["anvil"]["r"] == 0.5
+    assert MR.reused_repair(state, 3, rm_dir) is None  # another round's
+    assert MR.reused_repair(MR.MainState(state.path, {}, ["this-run"]), 2, rm_dir) is None  # not a resume
+    with open(os.path.join(rm_dir, "rm.safetensors"), "r+b") as f:  # files that are not the version's
+        f.seek(-8, 2)
+        f.write(b"\0" * 8)
+    assert MR.reused_repair(state, 2, rm_dir) is None
