@@ -75,9 +75,9 @@ def _stopped_main(tiny_world, out, **changed) -> None:
 
 
 @pytest.mark.parametrize("args,message", [
-    (["--rounds", "3"], "--rounds 3 differs from its 2"),
-    (["--label-budget", "600"], "--label-budget 600 differs from its 1200"),
-    (["--steps-scale", "0.1"], "--steps-scale 0.1 differs from its 0.05"),
+    (["--rounds", "3"], "--rounds 3: the stopped main ran with 2"),
+    (["--label-budget", "600"], "--label-budget 600: the stopped main ran with 1200"),
+    (["--steps-scale", "0.1"], "--steps-scale 0.1: the stopped main ran with 0.05"),
     (["--guardrail", "max_family_kl=4"], "--guardrail"),
 ])
 def test_a_resume_with_other_settings_is_refused_naming_the_option(tiny_world, tmp_path, args, message):

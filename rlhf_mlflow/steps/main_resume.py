@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass, field, replace
 
 from rlhf_mlflow.core import records as D
 from rlhf_mlflow.core.checkpoint import content_sha256
-from rlhf_mlflow.core.errors import InputError
+from rlhf_mlflow.core.errors import InputError, read_json
 from rlhf_mlflow.core.files import atomic_write_json
 from rlhf_mlflow.core.process import process_state
 from rlhf_mlflow.core.world_paths import WorldPaths
@@ -91,15 +91,14 @@ def read_state(out_dir: str) -> MainState | None:
     path = os.path.join(out_dir, STATE)
     if not os.path.isfile(path):
         return None
-    with open(path) as f:
-        raw = json.load(f)
+    raw = read_json(path)
     return MainState(path, raw["settings"], raw.get("runs", []), raw.get("done", {}), raw.get("finished", False))
 
 
 def mismatches(stored: dict, wanted: dict) -> list[tuple[str, str]]:
     """(option, why) for each setting a resume would change."""
     show = lambda k, s: s["world"] + f" (world {s['world_hash']})" if k == "world_hash" else json.dumps(s[k])  # noqa: E731
-    return [(option, f"{option} {show(key, wanted)} differs from its {show(key, stored)}")
+    return [(option, f"{option} {show(key, wanted)}: the stopped main ran with {show(key, stored)}")
             for key, option in OPTIONS.items() if stored.get(key) != wanted[key]]
 
 
@@ -212,10 +211,15 @@ def _repair_result(row, mv, promoted: bool, rm_dir: str) -> dict | None:
         paths = [T.download_artifact(row["run_id"], name, tmp) for name in ("repair.json", "diagnostic_repaired.json")]
         if None in paths:
             return None
-        info, diagnostic = (json.load(open(p)) for p in paths)
+        info, diagnostic = (_read(p) for p in paths)
     return {"version": str(mv.version), "parent_version": mv.tags.get("parent_version"), "promoted": promoted,
             "agreement": info["agreement"], "diagnostic": diagnostic, "out": rm_dir, "run_id": row["run_id"],
             "reused": True}
+
+
+def _read(path: str):
+    with open(path) as f:
+        return json.load(f)
 
 
 def release_and_grade(versions: list[str], world: WorldPaths, guardrails: dict | None, state: MainState,
