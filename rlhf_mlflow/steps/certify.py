@@ -58,7 +58,7 @@ CHARTED = (("estimate", "certified"), ("lo", "certified_lo"), ("hi", "certified_
 in the table `certify_families.json` and the figure, every other number in `certification_table.json`."""
 FAMILY_TABLE = "certify_families.json"
 TABLE_COLUMNS = ("certifiable", "estimate", "lo", "hi", "gain", "gain_lo", "gain_hi", "reference", "ess",
-                 "pop_ess", "khat", "kl", "snips", "direct", "labels", "evidence", "evidence_weights", "reason")
+                 "pop_ess", "khat", "kl", "snips", "direct", "labels", "evidence", "labels_weight", "reason")
 
 
 def _groups(report: dict) -> dict:
@@ -84,8 +84,11 @@ def family_table(report: dict, counts: dict[str, int]) -> pd.DataFrame:
 
 def certification_table(report: dict) -> pd.DataFrame:
     """One row per family (then balanced, pilot): every number certify computed (to 4 decimals: the
-    report holds them in full), and why it refused."""
-    rows = [{"family": f, **{c: rounded(r.get(c)) for c in TABLE_COLUMNS}} for f, r in _groups(report).items()]
+    report holds them in full), which evidence certified it (labels_weight: the policy labels' weight in a
+    joint estimate, 1 for labels alone), and why it refused."""
+    rows = [{"family": f, **{c: rounded(r.get(c)) for c in TABLE_COLUMNS},
+             "labels_weight": rounded((r.get("evidence_weights") or {}).get("policy_labels"))}
+            for f, r in _groups(report).items()]
     return pd.DataFrame(rows, columns=["family", *TABLE_COLUMNS])
 
 

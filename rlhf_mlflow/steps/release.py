@@ -204,6 +204,8 @@ def _disagrees_with_params(report: dict, params: dict) -> str | None:
 
 
 def _number(v):
+    if isinstance(v, str) and v.lower() in ("true", "false"):  # a bool as the tracking layer logs it
+        return float(v.lower() == "true")
     try:
         return float(v)
     except (TypeError, ValueError):
