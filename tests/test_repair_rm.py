@@ -158,3 +158,31 @@ def test_repair_refuses_labels_of_another_world_and_an_unknown_parent_before_any
                       echo=lambda m: None)
     assert not mlflow.search_runs(search_all_experiments=True, filter_string="tags.`rlhf.step` = 'repair_rm'").shape[0]
     assert not (tmp_path / "o").exists()
+
+
+def test_a_repair_killed_by_sigterm_ends_killed_and_leaves_both_registries_and_out_untouched(tiny_world, tmp_path,
+                                                                                           tracking_uri):
+    import signal
+    import time
+    world = WorldPaths.at(tiny_world)
+    labels = _labels(world, tmp_path)
+    env = {**os.environ, "MLFLOW_TRACKING_URI": tracking_uri, "RLHF_THREADS": "1"}
+    rlhf = os.path.join(os.path.dirname(sys.executable), "rlhf-mlflow")
+    proc = subprocess.Popen([rlhf, "repair-rm", "--world", tiny_world, "--labels", labels, "--epochs", "200",
+                             "--out", str(tmp_path / "rm")], env=env, stderr=subprocess.PIPE, text=True)
+    seen = ""
+    for line in proc.stderr:  # SIGTERM while it cross-validates: the run exists, nothing is registered yet
+        seen += line
+        if "fold 1/" in line:
+            time.sleep(1.0)
+            proc.send_signal(signal.SIGTERM)
+            break
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, seen + err
+    assert "Traceback" not in err
+    (run,) = mlflow.search_runs(search_all_experiments=True, filter_string="tags.`rlhf.step` = 'repair_rm'",
+                                output_format="list")
+    assert run.info.status == "KILLED" and run.info.end_time
+    client = mlflow.MlflowClient()
+    assert not client.search_model_versions(f"name = '{RMR.RM_MODEL}'")  # not even the world's own root
+    assert not (tmp_path / "rm").exists() and not [p for p in os.listdir(tmp_path) if p.startswith(".rm")]

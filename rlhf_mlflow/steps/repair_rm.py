@@ -44,10 +44,11 @@ def _checked_labels(world: WorldPaths, labels: list[str]) -> list[dict]:
     return rows
 
 
-def _parent(world: WorldPaths, parent_version: str | None, tmp: str, run_id: str) -> tuple[str, str, str | None]:
+def _parent(world: WorldPaths, parent_version: str | None, tmp: str) -> tuple[str, str | None, str | None]:
     """(local directory, version) of the model to fine-tune, and the production version it would replace.
-    By default the world's own model (registered on first use as its lineage's root): every repair starts
-    from it with every label so far, so its agreement is compared with a parent that never saw them."""
+    By default the world's own model: every repair starts from it with every label so far, so its
+    agreement is compared with a parent that never saw them. Its version is None until `_register_root`
+    registers it, at the end beside the repair's own: a repair that dies leaves the registry as it was."""
     h = _world_hash(world)
     current = RMR.production()
     replaces = str(current.version) if current is not None and current.tags.get("world_hash") == h else None
@@ -56,13 +57,18 @@ def _parent(world: WorldPaths, parent_version: str | None, tmp: str, run_id: str
     root = RMR.find(h, content_sha256(world.reward_model))
     if root is not None:
         return RMR.download(root.version, tmp), str(root.version), replaces
+    return world.reward_model, None, replaces
+
+
+def _register_root(world: WorldPaths, run_id: str, replaces: str | None) -> str:
+    """The world's own reward model as the root version of its lineage (production when none is)."""
     T.log_artifact(world.reward_model, "world_reward_model")
-    text = f"World {h}'s own reward model: the root of its repairs."
-    version = RMR.register(run_id, world.reward_model, {"world_hash": h, "parent_version": "none",
+    text = f"World {_world_hash(world)}'s own reward model: the root of its repairs."
+    version = RMR.register(run_id, world.reward_model, {"world_hash": _world_hash(world), "parent_version": "none",
                                                         "recipe": "the world's own"}, text, artifact="world_reward_model")
     if replaces is None:
         RMR.decide(version, {}, text, run_id)
-    return world.reward_model, version, replaces
+    return version
 
 
 def run_repair_rm(world: WorldPaths, labels: list[str], out: str, diagnostic: str | None = None,
@@ -81,13 +87,12 @@ def run_repair_rm(world: WorldPaths, labels: list[str], out: str, diagnostic: st
     params = {**asdict(cfg), "world": world.root, "labels": ",".join(labels), "diagnostic": diagnostic,
               "parent_version": parent_version, "out": out}
     with T.tracked_run("repair_rm", params, run_name=run_name) as run, tempfile.TemporaryDirectory() as tmp:
-        parent_dir, parent, replaces = _parent(world, parent_version, tmp, run.info.run_id)
-        T.set_tags({"rlhf.rm.parent_version": parent, "rlhf.rm.replaces": replaces or "none"})
+        parent_dir, parent, replaces = _parent(world, parent_version, tmp)
         for path, rows, ctx in [(world.qa, qa, "crowd"), (world.expert_set, gold, "expert")] + \
                 [(p, [r for r in experts_bought if r["id"] in _ids(p)], "expert") for p in labels]:
             T.log_records_input(rows, path, ctx)
         rules = fit_corrections(parent_diag, qa, diagnostic) if parent_diag else []
-        echo(f"repair_rm: parent v{parent}, {len(gold) + len(experts_bought)} expert labels, "
+        echo(f"repair_rm: parent {f'v{parent}' if parent else 'the world model'}, {len(gold) + len(experts_bought)} expert labels, "
              f"{len(rules)} premiums taken out of the crowd's labels; cross-validating ({cfg.folds} folds)")
         logger = T.MetricLogger()
         anchors = RR.anchor_rows(parent_dir, world.policy, D.read_jsonl(world.prompts_train), cfg.anchors, rules, cfg.seed)
@@ -102,6 +107,8 @@ def run_repair_rm(world: WorldPaths, labels: list[str], out: str, diagnostic: st
         gate = rm_gate.evaluate(info["agreement"], SR.flagged(parent_diag) if parent_diag else [], child_paid)
         _log_measurements(info, child_diag, gate)
         T.log_artifact(out, RMR.ARTIFACT)
+        parent = parent or _register_root(world, run.info.run_id, replaces)
+        T.set_tags({"rlhf.rm.parent_version": parent, "rlhf.rm.replaces": replaces or "none"})
         version = RMR.register(run.info.run_id, out, {"world_hash": _world_hash(world), "parent_version": parent,
                                                      "replaces": replaces or "none",
                                                      "recipe": f"repair e{cfg.epochs} lr{cfg.lr:g} crowd{cfg.crowd_weight:g}",
