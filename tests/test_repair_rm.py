@@ -160,6 +160,7 @@ def test_repair_refuses_labels_of_another_world_and_an_unknown_parent_before_any
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.slow  # a real repair-rm process: ~40 s idle, 139 s on a loaded machine
 def test_a_repair_killed_by_sigterm_ends_killed_and_leaves_both_registries_and_out_untouched(tiny_world, tmp_path,
                                                                                            tracking_uri):
     import signal
