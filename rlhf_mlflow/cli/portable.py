@@ -126,7 +126,7 @@ def repair_main(argv: list[str] | None = None) -> int:
         anchors = RR.anchor_rows(a.rm_dir, a.policy_dir, D.read_jsonl(a.prompts), cfg.anchors, rules, cfg.seed) \
             if a.policy_dir and a.prompts else []
         rm, info = RR.repair(a.rm_dir, qa, experts, rules, cfg, anchors=anchors)
-        members = ensemble_for_repair(a.rm_dir, qa, experts, rules, cfg, anchors) if cfg.ensemble else []
+        members = ensemble_for_repair(a.rm_dir, qa, experts, rules, cfg, anchors)
         RR.save_repaired(rm, rm_config, qa, info, a.out, members)
         return info
     return _run(work, a, directory=True)

@@ -62,9 +62,10 @@ def _parent(world: WorldPaths, parent_version: str | None, tmp: str) -> tuple[st
 
 def _register_root(world: WorldPaths, run_id: str, replaces: str | None) -> str:
     """The world's own reward model as the root version of its lineage (production when none is)."""
+    h = _world_hash(world)
     T.log_artifact(world.reward_model, "world_reward_model")
-    text = f"World {_world_hash(world)}'s own reward model: the root of its repairs."
-    version = RMR.register(run_id, world.reward_model, {"world_hash": _world_hash(world), "parent_version": "none",
+    text = f"World {h}'s own reward model: the root of its repairs."
+    version = RMR.register(run_id, world.reward_model, {"world_hash": h, "parent_version": "none",
                                                         "recipe": "the world's own"}, text, artifact="world_reward_model")
     if replaces is None:
         RMR.decide(version, {}, text, run_id)

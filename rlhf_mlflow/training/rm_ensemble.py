@@ -45,6 +45,8 @@ def ensemble_for_repair(parent_dir: str, crowd: list[dict], experts: list[dict],
                         cfg: RR.RepairConfig, anchors: list[dict] | None = None,
                         on_member: Callable[[int], None] | None = None) -> list[R.RewardModel]:
     """cfg.ensemble members on the repair's own data (the crowd without the rules' premiums, the anchors,
-    every expert label): what `repair` trains its one model on."""
+    every expert label): what `repair` trains its one model on. None (an empty list) when cfg.ensemble is 0."""
+    if not cfg.ensemble:
+        return []
     data = RR.RepairData.build(parent_dir, RR.remove_premiums(crowd, rules) + list(anchors or []), experts, cfg)
     return train_members(parent_dir, data, cfg.ensemble, cfg, on_member)
