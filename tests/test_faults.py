@@ -394,6 +394,20 @@ def test_bad_policy_config_fails_train_rl_without_a_version(tiny_world, tmp_path
     assert [r.info.status for r in _runs("train_rl")] == ["FAILED"] and not _versions()
 
 
+
+@pytest.mark.parametrize("manifest, needle", [
+    (None, "no ensemble.json (expected a reward-model ensemble directory)"),
+    ('{"members": ["member-0", "../../policy"]}', "is outside the ensemble directory"),
+    ('{"members": ["member-0", "member-9"]}', "member-9/config.json: no config.json"),
+])
+def test_a_bad_reward_ensemble_fails_train_rl_without_a_version(tiny_world, tmp_path, manifest, needle):
+    ens = tmp_path / "ens"
+    shutil.copytree(os.path.join(tiny_world, "reward_model"), ens / "member-0")
+    if manifest is not None:
+        (ens / "ensemble.json").write_text(manifest)
+    _fails(_run("train-rl", "--world", tiny_world, *TINY, "--reward-ensemble", ens, "--ensemble-penalty", 1.0), needle)
+    assert [r.info.status for r in _runs("train_rl")] == ["FAILED"] and not _versions()
+
 def test_a_truncated_safetensors_file_is_a_clean_error(tiny_world, tmp_path):
     bad = tmp_path / "policy"
     shutil.copytree(os.path.join(tiny_world, "policy"), bad)
