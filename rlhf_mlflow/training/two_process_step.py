@@ -59,10 +59,26 @@ def wait_for(flags, slot: int, seq: int, still_ok: Callable[[], bool]) -> bool:
     return still_ok()
 
 
+PARTNER_ENV = "RLHF_PARTNER"
+PARTNER_MODES = ("auto", "on", "off")
+"""RLHF_PARTNER: `off` never starts the partner (one process at the run's threads); `on` starts it
+wherever it can run (the conditions in `available`); `auto`, the default, is today the same as `on`
+(docs/PERFORMANCE.md: which mode was faster on which machine class)."""
+
+
+def partner_mode() -> str:
+    """RLHF_PARTNER's value (unset or empty: auto); a ValueError naming the valid values otherwise."""
+    mode = os.environ.get(PARTNER_ENV, "").strip().lower() or "auto"
+    if mode not in PARTNER_MODES:
+        raise ValueError(f"{PARTNER_ENV}={os.environ[PARTNER_ENV]!r}: expected one of {', '.join(PARTNER_MODES)}")
+    return mode
+
+
 def available(threads: int, batch_prompts: int) -> bool:
-    """Worth starting: two threads granted and two CPUs to run them (the two sides spin while they wait,
-    which on one CPU would starve the other), a batch to split, and fork (Linux) to share the models."""
-    return (threads >= 2 and batch_prompts >= 2 and sys.platform == "linux"
+    """Worth starting: not switched off (RLHF_PARTNER=off), two threads granted and two CPUs to run them
+    (the two sides spin while they wait, which on one CPU would starve the other), a batch to split,
+    and fork (Linux) to share the models."""
+    return (partner_mode() != "off" and threads >= 2 and batch_prompts >= 2 and sys.platform == "linux"
             and len(os.sched_getaffinity(0)) >= 2)
 
 
