@@ -1,13 +1,16 @@
-"""train_rl speed: the seed-faithful loop vs ours, same config and seeds, in one process.
+"""train_rl speed: the seed-faithful loop vs ours, same config and seeds, in one process, paired per repeat.
 
-    python benchmarks/train_rl_speed.py [--steps 200] [--repeats 3] [--world DIR]
+    python benchmarks/train_rl_speed.py [--steps 200] [--repeats 3] [--world DIR] [--target 3.0]
     python benchmarks/train_rl_speed.py --watch-every 50 [--steps 400] [--repeats 3] [--world DIR]
 
-Runs the seed-faithful loop, ours, and ours in one process on one thread alternately (--repeats times
-each, B=16 x G=8) and prints steps/s of each (median),
-the per-step time split (sample, score, backward; mean over repeats), the load average before and
-after (the ratio is robust to a shared machine, absolute times are not), the other steps' times on the
-same world, a markdown table for the README, and last `speedup: X.XX` (ours / seed-faithful).
+Runs the arms of ARMS (B=16 x G=8): the seed-faithful loop, train_rl as it runs by default, train_rl
+held to one process on one thread, and train_rl in one process at the run's threads (RLHF_PARTNER=off).
+Each repeat runs every arm once, in an order that rotates between repeats; ratios are taken within a
+repeat. Prints per arm and repeat steps/s, the per-step split and the machine around it (1-min load
+before->after, CPU steal, CPUs others used: benchmarks/machine_load.py); per arm the ratios to the
+seed loop (median, range); the other steps' times; a markdown table; a WARNING naming the busy repeats;
+`verdict: met` / `not met` (median ours / seed against --target) / `none: machine busy (repeats ...)`;
+and last `speedup: X.XX (range A-B, median of N paired repeats; load ...)`.
 With --watch-every N: train_rl without and with the over-optimisation watch every N steps (the expert
 set, the watch's defaults), alternately, as it runs (two threads: with its partner process) and held to
 one process; last `watch_slowdown: X.XX` (seconds with / without, median of the per-repeat ratios,
@@ -22,13 +25,13 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
 
-from benchmarks import seed_loop  # noqa: E402
+from benchmarks import machine_load, paired, seed_loop  # noqa: E402
 from rlhf_mlflow.core import model as M  # noqa: E402
 from rlhf_mlflow.core import records as D  # noqa: E402
 from rlhf_mlflow.core import reward_model as R  # noqa: E402
@@ -40,6 +43,7 @@ from rlhf_mlflow.training.train_rl import train_rl  # noqa: E402
 from rlhf_mlflow.world.build import build_world, ensure_world  # noqa: E402
 
 PHASES = ("sample", "score", "backward")
+TARGET = 3.0  # issue #32: ours / seed-faithful >= 3.0 on a quiet machine
 
 
 def timed(fn: Callable[[], object]) -> float:
@@ -52,36 +56,121 @@ def load() -> str:
     return "load average " + " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
-def one_process(cfg: RLConfig, t: dict) -> None:
-    """Ours on one thread: no partner process (what main's and the sweep's side-by-side workers run)."""
+@dataclass(frozen=True)
+class Arm:
+    """One way to train, timed against the others. `run(cfg, timings)` trains `cfg`, adds its seconds per
+    phase (PHASES) to `timings` and returns the policy-steps it made: cfg.steps for one policy, N *
+    cfg.steps for N policies trained together. An arm's figure is policy-steps per second, its ratio
+    that over the seed loop's in the same repeat (the seed loop training N policies one after another
+    makes policy-steps at its one-policy rate, so the same ratio compares a batched arm)."""
+    name: str
+    label: str
+    run: Callable[[RLConfig, dict], int]
+
+
+def _seed(cfg: RLConfig, t: dict) -> int:
+    seed_loop.train(cfg, t)
+    return cfg.steps
+
+
+def _ours(cfg: RLConfig, t: dict) -> int:
+    train_rl(cfg, timings=t)
+    return cfg.steps
+
+
+def _one_thread(cfg: RLConfig, t: dict) -> int:
+    """Ours on one thread: no partner process (RLHF_THREADS=1; what main's and the sweep's side-by-side
+    workers run)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        train_rl(cfg, timings=t)
+        return _ours(cfg, t)
     finally:
         torch.set_num_threads(threads)
 
 
-LOOPS = {"seed": "seed-faithful loop", "ours": "train_rl", "ours_1p": "train_rl, one process"}
+def _no_partner(cfg: RLConfig, t: dict) -> int:
+    """Ours in one process at the run's threads (RLHF_PARTNER=off)."""
+    old = os.environ.get(partner.PARTNER_ENV)
+    os.environ[partner.PARTNER_ENV] = "off"
+    try:
+        return _ours(cfg, t)
+    finally:
+        if old is None:
+            del os.environ[partner.PARTNER_ENV]
+        else:
+            os.environ[partner.PARTNER_ENV] = old
 
 
-def compare_loops(cfg: RLConfig, repeats: int) -> dict[str, dict]:
-    """Alternate the loops; per loop, steps/s of each repeat and the mean per-step split (ms)."""
-    out = {name: {"rates": [], "split": dict.fromkeys(PHASES, 0.0)} for name in LOOPS}
+BASE = "seed"
+ARMS = (Arm(BASE, "seed-faithful loop", _seed), Arm("ours", "train_rl", _ours),
+        Arm("ours_1p", "train_rl, one process, one thread", _one_thread),
+        Arm("ours_off", "train_rl, one process, run's threads", _no_partner))
+"""The arms every repeat runs; a new one (a batched arm) is one more entry."""
+MODES = (("ours", "ours_1p"), ("ours_off", "ours_1p"))
+"""The process modes against each other, paired too (docs/PERFORMANCE.md: the default per machine class)."""
+
+
+@dataclass
+class Results:
+    """Per arm: policy-steps/s per repeat and the mean per-step split (ms); per repeat the busy reasons."""
+    rates: dict[str, list[float]]
+    split: dict[str, dict[str, float]]
+    loads: list[machine_load.Load]
+    busy: list[list[str]]
+
+
+def run_arm(arm: Arm, cfg: RLConfig, threads: int) -> tuple[float, dict, machine_load.Load, list[str]]:
+    """One timed run of `arm`: policy-steps/s, the per-phase seconds, the machine around it and why busy."""
+    t: dict[str, float] = {}
+    own, before = machine_load.own_cpu_seconds(), machine_load.mark()
+    steps = arm.run(cfg, t)
+    after = machine_load.mark()
+    g = machine_load.between(before, after, machine_load.own_cpu_seconds() - own)
+    return steps / (after.wall - before.wall), t, g, machine_load.busy_reasons(g, threads)
+
+
+def compare_arms(cfg: RLConfig, arms: tuple[Arm, ...], repeats: int, threads: int) -> Results:
+    """Every repeat runs every arm once, in a rotating order; prints a line per arm and per repeat."""
+    out = Results({a.name: [] for a in arms}, {a.name: dict.fromkeys(PHASES, 0.0) for a in arms}, [], [])
     warm = replace(cfg, steps=3, log_every=3)  # one-time costs (lazy library init, first allocations) off the clock
-    seed_loop.train(warm)
-    train_rl(warm)
+    for arm in arms:
+        arm.run(warm, {})
     for r in range(repeats):
-        for name, run in (("seed", seed_loop.train), ("ours", lambda c, t: train_rl(c, timings=t)),
-                          ("ours_1p", one_process)):
-            t: dict[str, float] = {}
-            secs = timed(lambda: run(cfg, t))
-            out[name]["rates"].append(cfg.steps / secs)
+        reasons: list[str] = []
+        for arm in paired.order(arms, r):
+            rate, t, g, why = run_arm(arm, cfg, threads)
+            out.rates[arm.name].append(rate)
+            out.loads.append(g)
+            reasons += [f"{arm.name}: {w}" for w in why]
             for k in PHASES:
-                out[name]["split"][k] += 1000 * t[k] / cfg.steps / repeats
-            print(f"  run {r + 1} {name}: {cfg.steps / secs:6.2f} steps/s  "
-                  + " ".join(f"{k} {1000 * t[k] / cfg.steps:.1f}ms" for k in PHASES), flush=True)
+                out.split[arm.name][k] += 1000 * t.get(k, 0.0) / cfg.steps / repeats
+            print(f"  repeat {r + 1} {arm.name:8s}{rate:7.2f} steps/s  "
+                  + " ".join(f"{k} {1000 * t.get(k, 0.0) / cfg.steps:.1f}ms" for k in PHASES)
+                  + f"  | {machine_load.describe(g)}{'  BUSY: ' + ', '.join(why) if why else ''}", flush=True)
+        out.busy.append(reasons)
+        print(f"  repeat {r + 1} vs {BASE}: " + ", ".join(
+            f"{a.name} {out.rates[a.name][r] / out.rates[BASE][r]:.2f}" for a in arms if a.name != BASE)
+            + ("  (busy)" if reasons else ""), flush=True)
     return out
+
+
+def report(res: Results, arms: tuple[Arm, ...], target: float) -> None:
+    """Ratios per arm (median, range), the busy warning, the verdict, and last the `speedup:` line."""
+    for arm in arms:
+        if arm.name != BASE:
+            print(f"{arm.name} / {BASE}: {paired.summarise(paired.ratios(res.rates, arm.name, BASE))}")
+    for a, b in MODES:
+        if {a, b} <= res.rates.keys():
+            print(f"{a} / {b}: {paired.summarise(paired.ratios(res.rates, a, b))}")
+    busy = paired.busy_repeats(res.busy)
+    if busy:
+        print(f"WARNING: machine busy in repeats {', '.join(map(str, busy))} (BUSY on their lines; the rule: "
+              f"benchmarks/machine_load.py); their ratios measure the load as much as the code")
+    s = paired.summarise(paired.ratios(res.rates, "ours", BASE))
+    print(f"verdict: {paired.verdict(s, busy, target)}")
+    print(f"speedup: {s.median:.2f} (range {s.lo:.2f}-{s.hi:.2f}, median of {len(s.ratios)} paired repeats; "
+          f"{machine_load.span(res.loads)})")
 
 
 def compare_watch(cfg: RLConfig, repeats: int, every: int, correction: str | None = None) -> dict[str, list[float]]:
@@ -149,16 +238,18 @@ def other_steps(world: str) -> dict[str, float | None]:
     return out
 
 
-def table(loops: dict[str, dict], steps: int, threads: int, others: dict[str, float | None]) -> str:
+def table(res: Results, arms: tuple[Arm, ...], steps: int, threads: int, others: dict[str, float | None]) -> str:
     """The README's performance table (markdown)."""
     rows = ["| | steps/s | ms/step | sample | score | backward |", "|---|---:|---:|---:|---:|---:|"]
-    for name, label in LOOPS.items():
-        rate, s = statistics.median(loops[name]["rates"]), loops[name]["split"]
-        rows.append(f"| {label} | {rate:.1f} | {1000 / rate:.1f} | " + " | ".join(f"{s[k]:.1f}" for k in PHASES) + " |")
-    speedup = statistics.median(loops["ours"]["rates"]) / statistics.median(loops["seed"]["rates"])
-    rows.append(f"\nB=16 x G=8, {steps} steps, median of {len(loops['ours']['rates'])}, {threads} threads (train_rl: "
+    for arm in arms:
+        rate, s = statistics.median(res.rates[arm.name]), res.split[arm.name]
+        rows.append(f"| {arm.label} | {rate:.1f} | {1000 / rate:.1f} | " + " | ".join(f"{s[k]:.1f}" for k in PHASES)
+                    + " |")
+    sp = paired.summarise(paired.ratios(res.rates, "ours", BASE))
+    rows.append(f"\nB=16 x G=8, {steps} steps, median of {len(sp.ratios)}, {threads} threads (train_rl: "
                 f"{'with' if partner.available(threads, 16) else 'without'} its partner process); times in ms per "
-                f"step; speedup {speedup:.2f}x.\n")
+                f"step; speedup {sp.median:.2f}x (paired repeats {sp.lo:.2f}-{sp.hi:.2f}; "
+                f"{machine_load.span(res.loads)}).\n")
     rows += ["| step | seconds |", "|---|---:|"]
     rows += [f"| {k} | {'n/a' if v is None else f'{v:.2f}'} |" for k, v in others.items()]
     return "\n".join(rows)
@@ -169,10 +260,14 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--world", default=None, help="world directory (default: the default world, built once)")
+    ap.add_argument("--target", type=float, default=TARGET, help="the verdict's bar for the median ours / seed")
+    ap.add_argument("--no-other-steps", action="store_true", help="skip timing dev_eval, diagnostic, certify, a world")
     ap.add_argument("--watch-every", type=int, default=0, help="compare train_rl with and without the watch")
     ap.add_argument("--watch-correction", help="with --watch-every: a correction file (the diagnostic's, as main "
                                                "passes it): the watch's predictor and the shortcuts it counts")
     a = ap.parse_args()
+    if a.repeats < 1 or a.steps < 1:
+        ap.error("--steps and --repeats must be at least 1")
     threads = configure_threads()
     world = a.world or ensure_world("worlds", 0, None, "full", progress=print)[0]
     cfg = RLConfig(steps=a.steps, log_every=a.steps, batch_prompts=16, samples_per_prompt=8).resolved(world)
@@ -183,22 +278,21 @@ def main() -> None:
             print(f"{name}: with / without the watch, median {statistics.median(rs):.3f} (repeats {rs})")
         print(f"watch_slowdown: {statistics.median(ratios['partner']):.3f}")
         return
-    print(f"world {world}; B=16 G=8, {a.steps} steps, {threads} threads, median of {a.repeats}; {load()}")
-    loops = compare_loops(cfg, a.repeats)
-    for name, label in LOOPS.items():
-        s = loops[name]["split"]
-        print(f"{label + ':':24s}{statistics.median(loops[name]['rates']):6.2f} steps/s  per step: "
+    print(f"world {world}; B=16 G=8, {a.steps} steps, {threads} threads, {os.cpu_count()} CPUs, {a.repeats} paired "
+          f"repeats; {load()}")
+    res = compare_arms(cfg, ARMS, a.repeats, threads)
+    for arm in ARMS:
+        s = res.split[arm.name]
+        print(f"{arm.label + ':':38s}{statistics.median(res.rates[arm.name]):6.2f} steps/s  per step: "
               + ", ".join(f"{k} {s[k]:.1f}ms" for k in PHASES))
-    print(f"after the loops: {load()}")
-    others = other_steps(world)
+    others = {} if a.no_other_steps else other_steps(world)
     for k, v in others.items():
         print(f"{k}: {'not built yet' if v is None else f'{v:.2f}s'}")
-    if a.world is None:
+    if a.world is None and not a.no_other_steps:
         secs = ensure_world("worlds", 0, None, "full")[1]["timings"]["total_s"]
         print(f"build_world (full): {secs:.1f}s, as recorded in its manifest when it was built")
-    print("\n" + table(loops, a.steps, threads, others) + "\n")
-    speedup = statistics.median(loops["ours"]["rates"]) / statistics.median(loops["seed"]["rates"])
-    print(f"speedup: {speedup:.2f}")
+    print("\n" + table(res, ARMS, a.steps, threads, others) + "\n")
+    report(res, ARMS, a.target)
 
 
 if __name__ == "__main__":
