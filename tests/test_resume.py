@@ -63,6 +63,9 @@ def test_sigterm_marks_the_run_killed_and_keeps_every_metric_point(tiny_world, t
     assert steps == list(range(1, len(steps) + 1)) and len(steps) >= SAVE_EVERY
 
 
+# slow (41 s): a real train-rl process killed and resumed; tests/test_checkpoint_uploads.py kills one at
+# every point of the uploads in the fast suite
+@pytest.mark.slow
 def test_sigkill_then_resume_finishes_the_same_run_as_if_uninterrupted(tiny_world, tmp_path, tracking_uri):
     watch = ("--watch-every", "20", "--watch-gold", os.path.join(tiny_world, "data", "gold_calib.jsonl"))
     straight = _train(tiny_world, tmp_path / "straight", tracking_uri, "--run-name", "straight", *watch)

@@ -55,6 +55,8 @@ def test_ranking_uses_certified_quality_with_every_guardrail_passing_never_proxy
 FAMILY_CURVES = ["proxy", "kl", "stats/kl_k3", "stats/entropy", "stats/top_token_share", "stats/shaped"]
 
 
+# slow (24 s): a real local Ray cluster of four trials
+@pytest.mark.slow
 def test_local_ray_sweep_of_four_trials(tiny_world, tmp_path):
     """4 single-thread trials side by side on a local Ray: each is a finished child run of the sweep
     with complete per-family curves, dev metrics, a certification and every guardrail; the best

@@ -33,6 +33,8 @@ def test_world_has_the_seed_fixture_layout(tiny_world):
     assert counts["dune"] < counts["anvil"] and counts["ember"] < counts["birch"]  # the pilot mix
 
 
+# slow (39 s): a second test-scale world build
+@pytest.mark.slow
 def test_same_seed_and_spec_give_the_same_files(tmp_path, tiny_world):
     again = str(tmp_path / "again")
     build_world(again, seed=0, spec=None, scale="test")
