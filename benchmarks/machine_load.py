@@ -1,12 +1,17 @@
 """How busy the machine was around one timed run: the 1-min load average before and after it, the CPU
 steal during it, and the CPU time other processes used during it; and the one rule that calls a run
 busy. Shared by benchmarks/train_rl_speed.py (arms inside one process) and benchmarks/ab.py (whole
-processes). Linux /proc; elsewhere the figures are None and never make a run busy.
+processes). Steal and others come from Linux's /proc/stat; elsewhere only the load average decides.
 
-Why all three: the load average is what people quote, but it is a one-minute moving average that lags
-and counts the benchmark's own threads; steal is time the hypervisor gave our virtual CPUs to another
-guest; "others" is the direct figure, the machine's busy CPU time during the run minus the run's own
-(this process and its reaped children, or the command's), in CPUs (0.5: half a CPU on average).
+Why the rule uses the CPUs others used and not the load average: "others" is the direct figure, the
+machine's busy CPU time during the run minus the run's own (this process and its reaped children, or
+the command's), in CPUs (0.5: half a CPU on average), and it is what a run loses to other work. The
+1-min load average is a moving average that lags by a minute and counts the run's own threads: on
+2026-12-05 it stayed at 2.9-3.3 (over 2 threads + 0.5) for two repeats after another job had ended,
+while others used 0.00-0.05 CPUs and the arms ran at their quiet speed; and it misses a job that
+starts during a run. It is printed, and it decides only where "others" cannot be measured (no
+/proc/stat, or a run under MIN_WALL). Steal is time the hypervisor gave our virtual CPUs to another
+guest; it counts separately.
 """
 from __future__ import annotations
 
@@ -14,13 +19,15 @@ import os
 import time
 from dataclasses import dataclass
 
-# The busy rule: a run is busy when any of these holds.
-BUSY_LOAD_MARGIN = 0.5
-"""the 1-min load average before or after the run exceeds the benchmark's own threads by more than this"""
-BUSY_STEAL = 0.05
-"""CPU steal during the run exceeds this fraction of its wall time across all CPUs"""
+# The busy rule: a run is busy when others used more than BUSY_OTHERS CPUs during it, or steal exceeded
+# BUSY_STEAL of it; where others cannot be measured, when the 1-min load before or after it exceeds the
+# benchmark's own threads + BUSY_LOAD_MARGIN.
 BUSY_OTHERS = 0.25
 """other processes used more than this many CPUs on average during the run"""
+BUSY_STEAL = 0.05
+"""CPU steal during the run exceeds this fraction of its wall time across all CPUs"""
+BUSY_LOAD_MARGIN = 0.5
+"""only without an `others` figure: the 1-min load exceeds the benchmark's own threads by more than this"""
 MIN_WALL = 0.5
 """runs shorter than this (seconds) get no steal or others figure: /proc/stat counts in clock ticks"""
 
@@ -102,16 +109,16 @@ def between(before: Mark, after: Mark, own_cpu_s: float, cpus: int | None = None
 
 def busy_reasons(load: Load, threads: int) -> list[str]:
     """Why a run counts as busy under the rule above (empty: it was quiet enough). `threads`: the
-    benchmark's own threads (or processes) that the load average counts while it runs."""
+    benchmark's own threads (or processes), which the load average counts while it runs."""
     out = []
-    limit = threads + BUSY_LOAD_MARGIN
-    for when, value in (("before", load.load_before), ("after", load.load_after)):
-        if value is not None and value > limit:
-            out.append(f"load {value:.2f} {when} > {limit:.1f}")
-    if load.steal is not None and load.steal > BUSY_STEAL:
-        out.append(f"steal {100 * load.steal:.1f}% > {100 * BUSY_STEAL:.0f}%")
     if load.others is not None and load.others > BUSY_OTHERS:
         out.append(f"others {load.others:.2f} CPUs > {BUSY_OTHERS}")
+    if load.steal is not None and load.steal > BUSY_STEAL:
+        out.append(f"steal {100 * load.steal:.1f}% > {100 * BUSY_STEAL:.0f}%")
+    if load.others is None:
+        limit = threads + BUSY_LOAD_MARGIN
+        out += [f"load {value:.2f} {when} > {limit:.1f}" for when, value in
+                (("before", load.load_before), ("after", load.load_after)) if value is not None and value > limit]
     return out
 
 
