@@ -131,14 +131,46 @@ _OFFSETS: dict[tuple[int, int, int], torch.Tensor] = {}
 
 
 def lookup(table: tuple[torch.Tensor, ...], ids: torch.Tensor, start: int = 0) -> list[torch.Tensor]:
-    """Rows of (positions, vocab, F) tables for ids (..., T) at positions start.. -> each (..., T, F)."""
-    S, Vn, _ = table[0].shape
+    """Rows of (positions, vocab, F) tables for ids (R, ..., T) at positions start.. -> each (R, ..., T, F).
+    Stacked tables (n, positions, vocab, F) (core/stacked_policy.py) serve member m's rows of ids, the
+    m-th n-th of them (member-major)."""
+    S, Vn, _ = table[0].shape[-3:]
     T = ids.shape[-1]
     if (start, T, Vn) not in _OFFSETS:
         with torch.inference_mode(False):
             _OFFSETS[start, T, Vn] = torch.arange(start, start + T) * Vn
     flat = ids + _OFFSETS[start, T, Vn]
-    return [F.embedding(flat, t.view(S * Vn, t.shape[-1])) for t in table]
+    n = table[0].shape[0] if table[0].dim() == 4 else 1
+    if n > 1:
+        flat = flat + member_rows(ids.shape[0], n, S * Vn).view(-1, *[1] * (ids.dim() - 1))
+    return [F.embedding(flat, t.reshape(n * S * Vn, t.shape[-1])) for t in table]
+
+
+def member_rows(rows: int, n: int, per_member: int) -> torch.Tensor:
+    """(rows,): member m's offset m * per_member for each of `rows` member-major rows of n members."""
+    if rows % n:
+        raise ValueError(f"{rows} rows do not split evenly between {n} stacked members")
+    return torch.arange(n).repeat_interleave(rows // n) * per_member
+
+
+def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
+    """F.linear(x, w, b); for stacked weights w (n, out, in) and b (n, out), member m's on the m-th n-th of
+    x's rows (member-major), in one batched matmul."""
+    if w.dim() == 2:
+        return F.linear(x, w, b)
+    n = w.shape[0]
+    xs, wt = x.reshape(n, -1, x.shape[-1]), w.transpose(1, 2)
+    y = torch.bmm(xs, wt) if b is None else torch.baddbmm(b[:, None], xs, wt)
+    return y.view(*x.shape[:-1], w.shape[1])
+
+
+def layer_norm(ln: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """The LayerNorm `ln` (its weight and bias, or stacked ones (n, d) as `linear` takes them) on x."""
+    if ln.weight.dim() == 1:
+        return F.layer_norm(x, ln.normalized_shape, ln.weight, ln.bias, ln.eps)
+    n, d = ln.weight.shape
+    y = F.layer_norm(x, (d,), eps=ln.eps).view(n, -1, d)
+    return torch.addcmul(ln.bias[:, None], y, ln.weight[:, None]).view(x.shape)
 
 
 class Policy(Trunk):

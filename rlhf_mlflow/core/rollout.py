@@ -65,14 +65,10 @@ def grouped_logprobs(policy: M.Policy, prompts: torch.Tensor, responses: torch.T
     return tok, logp
 
 
-def _layer_norm(ln: torch.nn.LayerNorm, x: torch.Tensor) -> torch.Tensor:
-    return F.layer_norm(x, ln.normalized_shape, ln.weight, ln.bias, ln.eps)
-
-
 def _ffn(blk: M.Block, x: torch.Tensor) -> torch.Tensor:
     """The block's feed-forward on ln2(x), called functionally (no module-call overhead in hot loops)."""
     ff1, ff2 = blk.ff[0], blk.ff[2]
-    return F.linear(F.gelu(F.linear(_layer_norm(blk.ln2, x), ff1.weight, ff1.bias)), ff2.weight, ff2.bias)
+    return M.linear(F.gelu(M.linear(M.layer_norm(blk.ln2, x), ff1.weight, ff1.bias)), ff2.weight, ff2.bias)
 
 
 def draw_uniforms(L: int, N: int, generator: torch.Generator | None) -> torch.Tensor:
@@ -88,6 +84,19 @@ def _kv_cache(k: torch.Tensor, v: torch.Tensor, L: int, n: int) -> torch.Tensor:
     c[:P, 0] = k.permute(2, 0, 1, 3)[:, :, None]
     c[:P, 1] = v.permute(2, 0, 1, 3)[:, :, None]
     return c.view(P + L, 2, B * n, h, dk)
+
+
+def _response_rows(table: Table, P: int, L: int, qscale: torch.Tensor, N: int
+                   ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(L, C, 4d): x and the first block's scaled q, k, v for each response position and content token.
+    For stacked tables, (L, n * C, 4d) with member m's token c at row m * C + c, and each of the N rows'
+    offset m * C (None for one policy)."""
+    rows = torch.cat([table[0][..., P:P + L, V.CONTENT_LO:V.CONTENT_HI, :],
+                      table[1][..., P:P + L, V.CONTENT_LO:V.CONTENT_HI, :] * qscale], -1)
+    if rows.dim() == 3:
+        return rows, None
+    n, C = rows.shape[0], rows.shape[2]
+    return rows.transpose(0, 1).reshape(L, n * C, -1), M.member_rows(N, n, C)
 
 
 @torch.no_grad()
@@ -113,17 +122,15 @@ def sample_cached(policy: M.Policy, prompts: torch.Tensor, n: int, temperature: 
     # decode steps look up response tokens only, with the attention scale folded into q once
     qscale = torch.ones(3 * d)
     qscale[:d] = 1.0 / math.sqrt(dk)
-    # (L, C, 4d): x and the first block's q, k, v for each response position and content token
-    resp_rows = torch.cat([table[0][P:P + L, V.CONTENT_LO:V.CONTENT_HI],
-                           table[1][P:P + L, V.CONTENT_LO:V.CONTENT_HI] * qscale], -1)
+    resp_rows, member = _response_rows(table, P, L, qscale, N)
     proj = [(b.attn.qkv.weight * qscale[:, None], b.attn.qkv.bias * qscale) for b in policy.blocks[1:]]
-    head_w = policy.head.weight[V.CONTENT_LO:V.CONTENT_HI] / max(temperature, 1e-6)  # (C, d)
-    last = _layer_norm(policy.ln, x[:, -1]).repeat_interleave(n, 0)  # (N, d)
+    head_w = policy.head.weight[..., V.CONTENT_LO:V.CONTENT_HI, :] / max(temperature, 1e-6)  # (C, d)
+    last = M.layer_norm(policy.ln, x[:, -1]).repeat_interleave(n, 0)  # (N, d)
     if uniforms is None:
         uniforms = draw_uniforms(L, N, generator)
     picks, seq_lp = [], torch.zeros(N) if logprobs is not None else None
     for t in range(L):
-        probs = torch.softmax(F.linear(last, head_w), dim=-1)  # (N, C)
+        probs = torch.softmax(M.linear(last, head_w), dim=-1)  # (N, C)
         cdf = probs.cumsum(-1) if seq_lp is not None else probs.cumsum_(-1)
         # inverse-CDF draw, one uniform per row: the first token whose cdf reaches u * total
         idx = torch.searchsorted(cdf, uniforms[t] * cdf[:, -1:]).view(N)
@@ -132,21 +139,21 @@ def sample_cached(policy: M.Policy, prompts: torch.Tensor, n: int, temperature: 
             seq_lp += probs.gather(1, idx[:, None]).squeeze(1).log()
         if t == L - 1:
             break
-        rows = resp_rows[t].index_select(0, idx)  # (N, 4d)
+        rows = resp_rows[t].index_select(0, idx if member is None else idx + member)  # (N, 4d)
         x, qkv = rows[:, :d], rows[:, d:]
         S = P + t + 1
         for i, (blk, c) in enumerate(zip(policy.blocks, caches)):
             a = blk.attn
             if i:
-                qkv = F.linear(_layer_norm(blk.ln1, x), *proj[i - 1])
+                qkv = M.linear(M.layer_norm(blk.ln1, x), *proj[i - 1])
             qkv = qkv.view(N, 3, h, dk)
             c[S - 1] = qkv[:, 1:].transpose(0, 1)
             # one query per row against S cached keys: elementwise products beat batched matmuls here
             w = (c[:S, 0] * qkv[:, 0]).sum(-1).softmax(0)  # (S, N, h)
             att = (w[..., None] * c[:S, 1]).sum(0)  # (N, h, dk)
-            x = x + F.linear(att.view(N, d), a.out.weight, a.out.bias)
+            x = x + M.linear(att.view(N, d), a.out.weight, a.out.bias)
             x = x + _ffn(blk, x)
-        last = _layer_norm(policy.ln, x)
+        last = M.layer_norm(policy.ln, x)
     if seq_lp is not None:
         logprobs.append(seq_lp)
     return torch.stack(picks, 1) + V.CONTENT_LO

@@ -18,14 +18,12 @@ import torch
 
 from rlhf_mlflow.core import model as M
 from rlhf_mlflow.core import records as D
-from rlhf_mlflow.core import reward_ensemble as RE
-from rlhf_mlflow.core import reward_model as R
 from rlhf_mlflow.core import rollout
-from rlhf_mlflow.core.checkpoint import freeze
-from rlhf_mlflow.core.reward_wrapper import Transform, apply_wrapper, load_wrapper
-from rlhf_mlflow.training import rl_math
+from rlhf_mlflow.core.reward_wrapper import Transform, load_wrapper
+from rlhf_mlflow.training.batched import Member, Seat
 from rlhf_mlflow.training.family_stats import FamilyAccumulator, family_of
 from rlhf_mlflow.training.rl_config import RLConfig
+from rlhf_mlflow.training.rl_step import Frozen, metric_names, policy_loss, update
 from rlhf_mlflow.training.train_state import TrainState, capture, restore
 from rlhf_mlflow.training.two_process_step import Partner, available
 
@@ -40,55 +38,6 @@ class RLResult:
     seconds: float = 0.0
     stopped_at: int | None = None
     """The step an `on_watch` callback stopped the run at (None: it ran all its steps)."""
-
-
-METRICS = ["proxy", "reward", "shaped", "kl", "kl_k3", "entropy"]
-
-
-def _metrics(cfg: RLConfig) -> list[str]:
-    """METRICS, and with an ensemble its members' spread (standard deviation) per response."""
-    return METRICS + (["spread"] if cfg.reward_ensemble else [])
-
-
-ENSEMBLE_CHUNK = 8
-"""Sequences per pass of the stacked ensemble's forward: K members' activations in a core's L2 cache
-(at K = 4, 8 per pass measured fastest of 4-32)."""
-
-
-@dataclass
-class Frozen:
-    """The reference policy and reward model, with their first-block tables built once; `ensemble`,
-    the stacked members of cfg.reward_ensemble, scores in the reward model's place when given."""
-    ref: M.Policy
-    rm: R.RewardModel
-    ref_table: tuple[torch.Tensor, torch.Tensor]
-    rm_table: tuple[torch.Tensor, torch.Tensor]
-    ensemble: RE.Stacked | None = None
-    penalty: float = 0.0
-
-    @classmethod
-    def load(cls, cfg: RLConfig) -> "Frozen":
-        ref = freeze(M.load_policy(cfg.policy_ref)[0])
-        rm = freeze(R.load_rm(cfg.reward_model)[0])
-        ensemble = RE.Stacked.load(cfg.reward_ensemble) if cfg.reward_ensemble else None
-        with torch.inference_mode():
-            return cls(ref, rm, ref.first_layer_table(), rm.first_layer_table(), ensemble, cfg.ensemble_penalty)
-
-    def reward(self, prompts_rep: torch.Tensor, responses: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The reward of each response and, with an ensemble, its members' spread (standard deviation)."""
-        if self.ensemble is None:
-            return R.score(self.rm, prompts_rep, responses, R.RL_CHUNK, self.rm_table), None
-        scores = self.ensemble.score(prompts_rep, responses, ENSEMBLE_CHUNK)  # (K, N)
-        return RE.penalised(scores, self.penalty), scores.std(0)
-
-
-def update(loss: torch.Tensor, params: list[torch.Tensor], opt: torch.optim.Optimizer, max_grad_norm: float) -> float:
-    """Gradients of the loss, clip, optimiser step; returns the gradient norm before clipping."""
-    for p, g in zip(params, torch.autograd.grad(loss, params)):
-        p.grad = g
-    grad_norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm, foreach=True)
-    opt.step()
-    return float(grad_norm)
 
 
 @dataclass
@@ -124,20 +73,7 @@ class Learner:
         logprobs, logp = rollout.grouped_logprobs(self.policy, prompts, responses, G, table)  # (N, L), (N, L, C)
         with torch.inference_mode():
             ref_logprobs = rollout.grouped_logprobs(self.frozen.ref, prompts, responses, G, self.frozen.ref_table)[0]
-        raw, spread = scores()
-        rewards = raw if self.wrap is None else apply_wrapper(
-            self.wrap, cfg.reward_wrapper or "<callable>", [records[i // G] for i in range(B * G)], responses, raw)
-        with torch.no_grad():
-            lp = logprobs.detach()
-            kl = rl_math.kl_k1(lp, ref_logprobs)
-            shaped = rl_math.shaped_rewards(rewards, kl, cfg.kl_coef)
-            advantages = rl_math.group_advantages(shaped, G)
-            logp = logp.detach()
-            stats = {"proxy": raw, "reward": rewards, "shaped": shaped, "kl": kl,
-                     "kl_k3": rl_math.kl_k3(lp, ref_logprobs), "entropy": -(logp.exp() * logp).sum(-1).mean(-1)}
-            if spread is not None:
-                stats["spread"] = spread
-        loss = rl_math.policy_gradient_loss(advantages, logprobs.sum(-1))
+        stats, loss = policy_loss(cfg, self.wrap, records, responses, logprobs, logp, ref_logprobs, scores())
         t2 = time.perf_counter()
         grad_norm = update(loss, list(self.policy.parameters()), self.opt, cfg.max_grad_norm)
         t3 = time.perf_counter()
@@ -186,11 +122,28 @@ OnWatch = Callable[[int, M.Policy], str]
 cfg.watch_due says (every `watch_every` steps, more often before the first); "stop" ends the run there."""
 
 
+def _learner(cfg: RLConfig, policy: M.Policy, rng: torch.Generator, wrap: Transform | None, seat: Seat | None,
+             stack: contextlib.ExitStack) -> tuple[Learner | Member, object, Partner | None]:
+    """The run's learner, optimiser and partner process (None: none). In a batch: its Member and that
+    member's slice of the batch's Adam (and no partner); it leaves the batch when `stack` closes. Alone: with
+    two cores, a partner process samples half of each batch and runs the reward model (not an ensemble)."""
+    if seat is not None:
+        stack.callback(seat.release)
+        member = seat.join(cfg, policy, rng, wrap)
+        return member, member.optimizer, None
+    opt = torch.optim.Adam(policy.parameters(), lr=cfg.lr, fused=True)
+    frozen = Frozen.load(cfg)
+    partner = stack.enter_context(Partner(policy, frozen.rm, frozen.rm_table, cfg.batch_prompts,
+                                          cfg.samples_per_prompt, cfg.temperature)) \
+        if available(torch.get_num_threads(), cfg.batch_prompts) and frozen.ensemble is None else None
+    return Learner(cfg, policy, frozen, opt, rng, wrap, partner), opt, partner
+
+
 def train_rl(cfg: RLConfig, on_log: Callable[[int, dict], None] | None = None,
              on_checkpoint: OnCheckpoint | None = None,
              wrapper: Transform | None = None, timings: dict | None = None,
              prompts: list[dict] | None = None, resume: Resume | None = None,
-             on_watch: OnWatch | None = None) -> RLResult:
+             on_watch: OnWatch | None = None, seat: Seat | None = None) -> RLResult:
     """Run the RL loop on a resolved config (absolute paths). Returns the trained policy and history.
 
     `wrapper` (a loaded RewardWrapper or any transform) and `prompts` (validated prompt records), when
@@ -199,6 +152,7 @@ def train_rl(cfg: RLConfig, on_log: Callable[[int, dict], None] | None = None,
     needs; resumed from such a checkpoint, the run continues as if it had never stopped.
     `timings`, when given, accumulates seconds spent sampling, scoring (reward, log-probs, KL) and in
     backward + optimiser step. `on_watch` (see OnWatch) runs where cfg.watch_due says, when watch_every > 0.
+    `seat` (a batched.Batch's): the run is one member of a batch, its steps taken together with the others'.
     """
     clock = timings if timings is not None else {}
     clock.update({k: clock.get(k, 0.0) for k in ("sample", "score", "backward")})
@@ -206,20 +160,15 @@ def train_rl(cfg: RLConfig, on_log: Callable[[int, dict], None] | None = None,
     rng = torch.Generator().manual_seed(cfg.seed + 1)
     policy, pcfg = M.load_policy(resume.policy_dir if resume else (cfg.policy_init or cfg.policy_ref))
     sampler = D.PromptSampler(prompts or D.read_jsonl(cfg.prompt_file), cfg.family_weights)
-    opt = torch.optim.Adam(policy.parameters(), lr=cfg.lr, fused=True)
-    acc, scalars, result = FamilyAccumulator(_metrics(cfg)), {"loss": 0.0, "grad_norm": 0.0}, RLResult(policy, pcfg)
-    start = 0
-    if resume is not None:
-        scalars, result.history = restore(resume.state, opt, rng, acc)
-        start = resume.state.step
-    t_start = t_window = time.perf_counter()
-    window_from, frozen, wrap = start, Frozen.load(cfg), wrapper or load_wrapper(cfg.reward_wrapper)
-    # with two cores, a partner process samples half of each batch and runs the reward model (not an ensemble)
+    acc, scalars, result = FamilyAccumulator(metric_names(cfg)), {"loss": 0.0, "grad_norm": 0.0}, RLResult(policy, pcfg)
+    t_start = time.perf_counter()
     with contextlib.ExitStack() as stack:
-        partner = stack.enter_context(Partner(policy, frozen.rm, frozen.rm_table, cfg.batch_prompts,
-                                              cfg.samples_per_prompt, cfg.temperature)) \
-            if available(torch.get_num_threads(), cfg.batch_prompts) and frozen.ensemble is None else None
-        learner = Learner(cfg, policy, frozen, opt, rng, wrap, partner)
+        learner, opt, partner = _learner(cfg, policy, rng, wrapper or load_wrapper(cfg.reward_wrapper), seat, stack)
+        start = 0
+        if resume is not None:
+            scalars, result.history = restore(resume.state, opt, rng, acc)
+            start = resume.state.step
+        t_window, window_from = time.perf_counter(), start
         watch = _watcher(cfg, on_watch, policy, partner)
         if start == 0:
             watch(0)  # the reference's point: nothing to stop yet
