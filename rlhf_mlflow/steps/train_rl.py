@@ -31,6 +31,7 @@ from rlhf_mlflow.steps.train_rl_watch import WATCH_FILES, RunWatch
 from rlhf_mlflow.tracking import metric_names as MN
 from rlhf_mlflow.tracking import runs as T
 from rlhf_mlflow.tracking.policy_model import log_policy
+from rlhf_mlflow.training.batched import Seat
 from rlhf_mlflow.training.rl_config import PATH_KEYS, RLConfig
 from rlhf_mlflow.training.train_rl import Resume, train_rl
 
@@ -54,7 +55,7 @@ def run_train_rl(cfg: RLConfig, world: WorldPaths | None = None, out: str | None
                  run_name: str | None = None, register: bool = True,
                  echo: Callable[[str], None] = print, progress: bool | float = True, description: str | None = None,
                  tags: dict | None = None, select: Callable[[list[tuple[int, str]]], int] | str | None = None,
-                 overwrite: bool = False) -> dict:
+                 overwrite: bool = False, seat: Seat | None = None) -> dict:
     """Train, log and register. Returns a summary (run id, model version, final metrics).
 
     `out` (optional) receives the checkpoints, run_config.json and log.jsonl; it must be empty or
@@ -66,6 +67,7 @@ def run_train_rl(cfg: RLConfig, world: WorldPaths | None = None, out: str | None
     watch_every > 0), `select="watch_proposal"` its best estimate vouched for or not (for a caller that
     certifies it with labels); the run's tag `rlhf.select` keeps that choice for a resume.
     `progress`: True, a bar on a terminal; a number, a line every that many seconds; False, nothing.
+    `seat` (training/batched.py): the run trains as a member of that batch, in this thread.
     """
     recipe = run_name or default_name(cfg)
     if out:
@@ -87,12 +89,12 @@ def run_train_rl(cfg: RLConfig, world: WorldPaths | None = None, out: str | None
             T.log_bytes(wrapper.source, os.path.basename(wrapper.path), "reward_wrapper")
         T.log_records_input(prompts, cfg.prompt_file, "training")
         T.log_json_artifact(asdict(cfg), CONFIG_ARTIFACT)
-        return _train(Job(cfg, run.info.run_id, recipe, params.get("world_hash", ""), prompts, wrapper),
+        return _train(Job(cfg, run.info.run_id, recipe, params.get("world_hash", ""), prompts, wrapper, seat),
                       out, register, echo, progress, select)
 
 
 def resume_train_rl(run_id: str, out: str | None = None, register: bool = True,
-                    echo: Callable[[str], None] = print, progress: bool = True) -> dict:
+                    echo: Callable[[str], None] = print, progress: bool = True, seat: Seat | None = None) -> dict:
     """Continue a train_rl run that died, from its newest whole checkpoint, in the same MLflow run. A run
     started without registering (tag `rlhf.register` false) does not register when resumed either."""
     run = resumable_run(run_id)
@@ -112,7 +114,7 @@ def resume_train_rl(run_id: str, out: str | None = None, register: bool = True,
         echo(f"resuming run {run_id} at step {start} of {cfg.steps}"
              + ("" if resume else " (no complete checkpoint: from the start)"))
         job = Job(cfg, run_id, run.data.tags.get("rlhf.recipe", run.info.run_name), params.get("world_hash", ""),
-                  D.read_jsonl(cfg.prompt_file), load_wrapper(cfg.reward_wrapper))
+                  D.read_jsonl(cfg.prompt_file), load_wrapper(cfg.reward_wrapper), seat)
         T.use_experiment_of(run)
         stored = T.stored_steps(run_id)
         with T.tracked_run("train_rl", tags={"rlhf.resumed_from_step": str(start)}, run_id=run_id):
@@ -161,6 +163,8 @@ class Job:
     world_hash: str
     prompts: list[dict]
     wrapper: object | None
+    seat: Seat | None = None
+    """A batch's seat: the run trains as a member of that batch (training/batched.py)."""
 
 
 def _train(job: Job, out: str | None, register: bool, echo: Callable[[str], None], progress: bool, select,
@@ -190,7 +194,7 @@ def _train(job: Job, out: str | None, register: bool, echo: Callable[[str], None
 
         try:
             result = train_rl(cfg, on_log=on_log, on_checkpoint=on_checkpoint, wrapper=job.wrapper,
-                              prompts=job.prompts, resume=resume, on_watch=watch)
+                              prompts=job.prompts, resume=resume, on_watch=watch, seat=job.seat)
         finally:  # the curves up to a failure are kept
             logger.flush()
             bar(None, None)

@@ -7,7 +7,6 @@ import logging
 import os
 import signal
 import tempfile
-import time
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -18,6 +17,7 @@ from rlhf_mlflow.core.errors import InputError
 from rlhf_mlflow.core.process import process_tags
 from rlhf_mlflow.tracking.default_experiment import EXPERIMENT, experiment_id
 from rlhf_mlflow.tracking.metric_bounds import checked
+from rlhf_mlflow.tracking.metric_logger import MetricLogger, flush_async, stored_steps  # noqa: F401 - T.MetricLogger
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +94,7 @@ def tracked_run(step: str, params: dict | None = None, tags: dict | None = None,
 def _end(status: str) -> None:
     """End the active run once every queued metric point is stored."""
     try:
-        mlflow.flush_async_logging()
+        flush_async()
     finally:
         mlflow.end_run(status=status)
 
@@ -115,45 +115,6 @@ def log_params(params: dict) -> None:
             out[f"resolved.{k}"] = value
     if out:
         mlflow.log_params(out)
-
-
-class MetricLogger:
-    """An `on_log(step, metrics)` callback that buffers metric points and hands them to MLflow's
-    asynchronous logger in one batch at most every `flush_seconds` (and on `flush()`), so the
-    training loop neither waits on the store (~20 ms a synchronous call on sqlite) nor pays a
-    store round trip per report. `stored` ({key: last step already in the store}) drops points a
-    resumed run would log a second time; a non-finite or absurd value is dropped (metric_bounds)."""
-
-    def __init__(self, prefix: str = "", flush_seconds: float = 10.0, stored: dict[str, int] | None = None):
-        self.prefix = prefix
-        self.flush_seconds = flush_seconds
-        self.stored = stored or {}
-        self._last = time.monotonic()
-        self._buffer: list = []
-
-    def __call__(self, step: int, metrics: dict) -> None:
-        from mlflow.entities import Metric
-        ts, named = int(1000 * time.time()), checked({self.prefix + k: v for k, v in metrics.items()})
-        self._buffer += [Metric(k, v, ts, step) for k, v in named.items() if step > self.stored.get(k, -1)]
-        if time.monotonic() - self._last >= self.flush_seconds:
-            self.flush()
-
-    def flush(self, synchronous: bool = False) -> None:
-        """Hand the buffer to MLflow; `synchronous` waits until every point so far is stored."""
-        if self._buffer:
-            run = mlflow.active_run()
-            mlflow.MlflowClient().log_batch(run.info.run_id, metrics=self._buffer, synchronous=False)
-            self._buffer = []
-        if synchronous:
-            mlflow.flush_async_logging()
-        self._last = time.monotonic()
-
-
-def stored_steps(run_id: str) -> dict[str, int]:
-    """{metric key: the last step stored} for a run (what a resumed run must not log again)."""
-    client = mlflow.MlflowClient()
-    keys = client.get_run(run_id).data.metrics
-    return {k: max(m.step for m in client.get_metric_history(run_id, k)) for k in keys}
 
 
 MAX_TAG = 5000

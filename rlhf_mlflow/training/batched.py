@@ -15,6 +15,7 @@ Each member's maths is the single run's, to float tolerance (tests/test_batched.
 """
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -24,6 +25,7 @@ import torch
 
 from rlhf_mlflow.core import model as M
 from rlhf_mlflow.core import rollout
+from rlhf_mlflow.core.errors import InputError
 from rlhf_mlflow.core.stacked_policy import StackedPolicy
 from rlhf_mlflow.core.reward_wrapper import Transform
 from rlhf_mlflow.training.rl_config import RLConfig
@@ -35,8 +37,19 @@ SHARED = ("policy_ref", "reward_model", "reward_ensemble", "ensemble_penalty", "
 """What every member of a batch must have in common (RLConfig fields)."""
 
 
-class BatchAborted(RuntimeError):
-    pass
+BATCH_ENV = "RLHF_BATCH_RUNS"
+DEFAULT_BATCH_RUNS = 1
+"""Runs per batch where RLHF_BATCH_RUNS does not say (docs/PERFORMANCE.md has the measurements)."""
+
+
+def batch_runs() -> int:
+    """How many runs train together in one batch: RLHF_BATCH_RUNS (a positive integer), else the default."""
+    raw = os.environ.get(BATCH_ENV, "").strip()
+    if not raw:
+        return DEFAULT_BATCH_RUNS
+    if not raw.isdigit() or int(raw) < 1:
+        raise InputError(f"{BATCH_ENV}={raw!r}: expected a positive integer (runs trained together in one process)")
+    return int(raw)
 
 
 @dataclass
