@@ -55,12 +55,15 @@ def test_ranking_uses_certified_quality_with_every_guardrail_passing_never_proxy
 FAMILY_CURVES = ["proxy", "kl", "stats/kl_k3", "stats/entropy", "stats/top_token_share", "stats/shaped"]
 
 
-# slow (24 s): a real local Ray cluster of four trials
+# slow (24 s each): a real local Ray cluster of four trials
 @pytest.mark.slow
-def test_local_ray_sweep_of_four_trials(tiny_world, tmp_path):
-    """4 single-thread trials side by side on a local Ray: each is a finished child run of the sweep
-    with complete per-family curves, dev metrics, a certification and every guardrail; the best
-    trial is the certified one, and its version carries the certification release reads."""
+@pytest.mark.parametrize("batch", ["1", "2"])
+def test_local_ray_sweep_of_four_trials(tiny_world, tmp_path, monkeypatch, batch):
+    """4 single-thread trials side by side on a local Ray (alone, or two batched runs per Tune trial):
+    each is a finished child run of the sweep with complete per-family curves, dev metrics, a
+    certification and every guardrail; the best trial is the certified one, and its version carries
+    the certification release reads."""
+    monkeypatch.setenv("RLHF_BATCH_RUNS", batch)
     # the world's known shortcut as diagnostic evidence (the diagnostic itself is tested elsewhere)
     diagnostic = tmp_path / "diagnostic.json"
     diagnostic.write_text(json.dumps({"families": {"dune": {"risk": 0.9, "flag": True, "evidence": [

@@ -47,6 +47,7 @@ def sweep_cmd(ctx, world, config_path, overrides, grid, ray_address, max_concurr
     from rlhf_mlflow.steps.outputs import check_out
     from rlhf_mlflow.steps.ray_tune import SweepConfig, parse_grid
     from rlhf_mlflow.steps.sweep import release_best, run_sweep_step
+    from rlhf_mlflow.training.batched import batch_runs
     from rlhf_mlflow.training.rl_config import fixture_root
     if out:
         check_out(out, {"--config": config_path, "--diagnostic": diagnostic_path})
@@ -54,7 +55,7 @@ def sweep_cmd(ctx, world, config_path, overrides, grid, ray_address, max_concurr
     base = rl_config(ctx, paths, config_path, overrides, options)
     guardrails = dict(parse_override(g) for g in guardrail_overrides)
     scfg = SweepConfig(ray_address=ray_address or None, max_concurrent=max_concurrent, trial_threads=trial_threads,
-                       name=sweep_name)
+                       name=sweep_name, batch=batch_runs())
     result = run_sweep_step(paths, base, parse_grid(grid), guardrails, scfg, diagnostic_path, echo=echo_err)
     _echo_table(result.table)
     if out:

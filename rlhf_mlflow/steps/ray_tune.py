@@ -1,9 +1,10 @@
-"""Recipe sweeps on Ray Tune: a grid of recipes, one Tune trial per recipe, a table of results and the
-best trial by certified quality.
+"""Recipe sweeps on Ray Tune: a grid of recipes, one Tune trial per pack of `batch` recipes (trained
+together: training/batched.py), a table of results and the best trial by certified quality.
 
 This module is orchestration only. It knows neither MLflow nor training: a trial is any picklable
-`trial_fn(recipe: dict) -> dict` (the tracking layer builds the real one: train, evaluate, certify,
-check the guardrails), and ranking reads the columns that function returns. Locally Ray starts
+`trial_fn(recipes: list[dict]) -> list[dict]` (one row per recipe, or {"error": message} for one that
+failed; the tracking layer builds the real one: train, evaluate, certify, check the guardrails), and
+ranking reads the columns that function returns. Locally Ray starts
 itself with one CPU per trial, so single-thread trials run side by side; with `ray_address` (or
 RAY_ADDRESS) the same sweep runs on an existing cluster.
 """
@@ -44,10 +45,13 @@ class SweepConfig:
     """Directory for Ray Tune's own trial records (default: a temporary directory)."""
     name: str = "sweep"
     """Name of the Tune experiment (and of the parent MLflow run)."""
+    batch: int = 1
+    """Recipes per Tune trial, trained together as one batch (RLHF_BATCH_RUNS)."""
 
     def __post_init__(self):
         check_range("max_concurrent", self.max_concurrent, 0, None, integer=True)
         check_range("trial_threads", self.trial_threads, 1, None, integer=True)
+        check_range("batch", self.batch, 1, None, integer=True)
 
 
 def parse_grid(specs: list[str] | tuple[str, ...]) -> dict[str, list]:
@@ -98,14 +102,14 @@ def _ray_init(cfg: SweepConfig, env_vars: dict[str, str]) -> bool:
     return True
 
 
-def _trainable(config: dict, trial_fn: Callable[[dict], dict]) -> None:
+def _trainable(config: dict, trial_fn: Callable[[list[dict]], list[dict]]) -> None:
     from ray import tune
-    tune.report(trial_fn(config["recipe"]))
+    tune.report({"rows": json.dumps(trial_fn(config["pack"]), default=str)})
 
 
-def run_sweep(trial_fn: Callable[[dict], dict], recipes: list[dict], cfg: SweepConfig) -> pd.DataFrame:
-    """Run one Tune trial per recipe and return one row per trial: the recipe's keys, what trial_fn
-    returned, and `trial`, `status` (FINISHED or ERROR) and `error`."""
+def run_sweep(trial_fn: Callable[[list[dict]], list[dict]], recipes: list[dict], cfg: SweepConfig) -> pd.DataFrame:
+    """Run the recipes as Tune trials of cfg.batch recipes each and return one row per recipe: its keys,
+    what trial_fn returned for it, and `trial`, `status` (FINISHED or ERROR) and `error`."""
     if not (cfg.ray_address or os.environ.get("RAY_ADDRESS")):
         # a private Ray for this sweep talks over loopback (by default Ray advertises the machine's
         # network address); read when ray is first imported
@@ -116,22 +120,16 @@ def run_sweep(trial_fn: Callable[[dict], dict], recipes: list[dict], cfg: SweepC
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
     started = _ray_init(cfg, env)
     storage = cfg.storage or tempfile.mkdtemp(prefix="rlhf-sweep-")  # Tune's own records
+    packs = [recipes[i:i + cfg.batch] for i in range(0, len(recipes), cfg.batch)]
     try:
         trainable = tune.with_resources(tune.with_parameters(_trainable, trial_fn=trial_fn),
                                         {"cpu": cfg.trial_threads})
         tuner = tune.Tuner(
-            trainable, param_space={"recipe": tune.grid_search(recipes)},
+            trainable, param_space={"pack": tune.grid_search(packs)},
             tune_config=tune.TuneConfig(max_concurrent_trials=cfg.max_concurrent or None, reuse_actors=True),
             run_config=tune.RunConfig(name=cfg.name, storage_path=os.path.abspath(storage), verbose=0,
                                       failure_config=tune.FailureConfig(max_failures=0, fail_fast=False)))
-        grid = tuner.fit()
-        rows = []
-        for result in grid:
-            recipe = (result.config or {}).get("recipe", {})
-            row = {"trial": trial_name(recipe), **recipe, **(result.metrics or {})}
-            row["status"] = "ERROR" if result.error else "FINISHED"
-            row["error"] = _one_line(result.error) if result.error else ""
-            rows.append({k: v for k, v in row.items() if not _tune_bookkeeping(k)})
+        rows = [row for result in tuner.fit() for row in _rows(result)]
     finally:
         if started:
             import ray
@@ -141,6 +139,19 @@ def run_sweep(trial_fn: Callable[[dict], dict], recipes: list[dict], cfg: SweepC
     order = {trial_name(r): i for i, r in enumerate(recipes)}
     frame = pd.DataFrame(rows)
     return frame.sort_values("trial", key=lambda s: s.map(order)).reset_index(drop=True)
+
+
+def _rows(result) -> list[dict]:
+    """A Tune trial's result as one row per recipe of its pack."""
+    pack = (result.config or {}).get("pack", [])
+    reported = json.loads((result.metrics or {}).get("rows", "[]")) if not result.error else []
+    rows = []
+    for k, recipe in enumerate(pack):
+        got = reported[k] if k < len(reported) else {"error": _one_line(result.error) if result.error else "no result"}
+        error = got.pop("error", "")
+        row = {"trial": trial_name(recipe), **recipe, **got, "status": "ERROR" if error else "FINISHED", "error": error}
+        rows.append({key: v for key, v in row.items() if not _tune_bookkeeping(key)})
+    return rows
 
 
 _TUNE_KEYS = {"timestamp", "checkpoint_dir_name", "done", "training_iteration", "trial_id", "date", "time_this_iter_s",

@@ -28,7 +28,7 @@ from rlhf_mlflow.steps.ray_tune import (
     run_sweep,
 )
 from rlhf_mlflow.steps.release import run_release
-from rlhf_mlflow.steps.sweep_trial import TrialContext, run_trial
+from rlhf_mlflow.steps.sweep_trial import TrialContext, run_trials
 from rlhf_mlflow.tracking import metric_names as MN
 from rlhf_mlflow.tracking import registry as REG
 from rlhf_mlflow.tracking import runs as T
@@ -71,7 +71,7 @@ def run_sweep_step(world: WorldPaths, base: RLConfig, grid: dict[str, list], gua
                          "server (`rlhf-mlflow server`) and set MLFLOW_TRACKING_URI to it")
     params = {"grid": grid, "trials": len(recipes), "world": world.root,
               "ray_address": scfg.ray_address or os.environ.get("RAY_ADDRESS", "local"),
-              "trial_threads": scfg.trial_threads, **{f"base.{k}": v for k, v in asdict(base).items()},
+              "trial_threads": scfg.trial_threads, "batch_runs": scfg.batch, **{f"base.{k}": v for k, v in asdict(base).items()},
               **{f"guardrail.{k}": v for k, v in guardrails.items()}}
     with T.tracked_run("sweep", params, run_name=scfg.name) as run:
         T.log_prompt_files({base.prompt_file} | {r["prompt_file"] for r in recipes if "prompt_file" in r})
@@ -81,7 +81,7 @@ def run_sweep_step(world: WorldPaths, base: RLConfig, grid: dict[str, list], gua
                            threads=scfg.trial_threads, diagnostic=_diagnostic(world, diagnostic_path),
                            champion=champion and REG.champion_certification(champion), guardrails=guardrails)
         echo(f"sweep {run.info.run_id}: {len(recipes)} trials on Ray")
-        ranked = rank_trials(run_sweep(functools.partial(run_trial, ctx), recipes, scfg))
+        ranked = rank_trials(run_sweep(functools.partial(run_trials, ctx), recipes, scfg))
         best = best_trial(ranked)
         _log_results(ranked, best)
     return SweepResult(ranked, best, run.info.run_id)

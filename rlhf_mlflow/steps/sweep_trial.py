@@ -26,6 +26,7 @@ from rlhf_mlflow.steps.train_rl import run_train_rl
 from rlhf_mlflow.tracking import metric_names as MN
 from rlhf_mlflow.tracking import runs as T
 from rlhf_mlflow.tracking.workers import enter_worker
+from rlhf_mlflow.training.batched import Seat, run_together
 from rlhf_mlflow.training.rl_config import RLConfig
 
 log = logging.getLogger(__name__)
@@ -54,9 +55,20 @@ class TrialContext:
     """GuardrailConfig overrides."""
 
 
-def run_trial(ctx: TrialContext, recipe: dict) -> dict:
-    """Train, evaluate, certify and check one recipe; returns its row of the sweep table."""
+def run_trials(ctx: TrialContext, recipes: list[dict]) -> list[dict]:
+    """A Tune trial: its recipes trained together as one batch (each in its own thread; one alone), then
+    each evaluated, certified and checked; their rows of the sweep table ({"error": ...} for one that
+    failed while the others went on; a lone recipe's error fails the Tune trial)."""
     enter_worker(ctx.tracking_uri, ctx.experiment_name, ctx.threads)
+    if len(recipes) == 1:
+        return [run_trial(ctx, recipes[0])]
+    out = run_together([lambda seat, r=r: run_trial(ctx, r, seat) for r in recipes])
+    return [{"error": f"{type(o).__name__}: {o}"} if isinstance(o, BaseException) else o for o in out]
+
+
+def run_trial(ctx: TrialContext, recipe: dict, seat: Seat | None = None) -> dict:
+    """Train (as a member of a batch, with `seat`), evaluate, certify and check one recipe; returns its
+    row of the sweep table."""
     cfg = from_dict(RLConfig, {**ctx.base, **recipe}, f"trial {recipe}")
     name = trial_name(recipe)
     world = WorldPaths(ctx.world_root)
@@ -64,7 +76,7 @@ def run_trial(ctx: TrialContext, recipe: dict) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         policy_dir = os.path.join(tmp, "policy")
         summary = run_train_rl(cfg, world=world, out=policy_dir, run_name=name, register=ctx.register,
-                               echo=log.info, progress=False, tags=tags)
+                               echo=log.info, progress=False, tags=tags, seat=seat)
         with T.reopened_run(summary["run_id"]):  # dev_eval and certify runs nest under the trial's run
             dev = run_dev_eval(policy_dir, cfg.policy_ref, cfg.reward_model, world.prompts_dev, world.expert_set,
                                run_name=f"dev_eval-{name}")
