@@ -174,3 +174,64 @@ def test_an_abort_reaches_every_waiting_member(tiny_world):
         t.join(60)
     assert not any(t.is_alive() for t in threads)
     assert len(errors) == 2 and all(isinstance(e, KeyboardInterrupt) for e in errors)
+
+
+BATCH_SCRIPT = """
+import sys
+from rlhf_mlflow.core.process import handle_signals
+from rlhf_mlflow.core.world_paths import WorldPaths
+from rlhf_mlflow.steps.train_rl import run_train_rl
+from rlhf_mlflow.training.batched import run_together
+from rlhf_mlflow.training.rl_config import load_rl_config
+handle_signals()
+world, out = WorldPaths.at(sys.argv[1]), sys.argv[2]
+recipes = {recipes!r}
+run_together([lambda seat, i=i, ov=ov: run_train_rl(load_rl_config(world.config, ov), world=world, out=f"{{out}}/m{{i}}",
+                                                     run_name=f"m{{i}}", register=False, progress=False, seat=seat)
+              for i, ov in enumerate(recipes)])
+"""
+KILL_RECIPES = [dict(steps=60, save_every=10, log_every=1, batch_prompts=8, samples_per_prompt=4, kl_coef=k, seed=s)
+                for k, s in ((0.05, 1), (0.2, 2))]
+
+
+@pytest.mark.slow  # ~60 s: a real process killed mid-way, then two resumes
+def test_a_batch_killed_mid_way_resumes_each_member_like_a_single_run(tiny_world, tmp_path, tracking_uri):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import mlflow
+
+    from rlhf_mlflow.core.world_paths import WorldPaths
+    from rlhf_mlflow.steps.train_rl import run_train_rl
+    from rlhf_mlflow.training.rl_config import load_rl_config
+    world = WorldPaths.at(tiny_world)
+    for i, ov in enumerate(KILL_RECIPES):  # each alone, uninterrupted
+        run_train_rl(load_rl_config(world.config, ov), world=world, run_name=f"alone{i}", register=False, progress=False)
+    env = {**os.environ, "MLFLOW_TRACKING_URI": tracking_uri, "RLHF_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-c", BATCH_SCRIPT.format(recipes=KILL_RECIPES), tiny_world,
+                             str(tmp_path)], env=env, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 300
+    while not all(os.path.isdir(tmp_path / f"m{i}" / "step_20") for i in range(2)):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(60)
+    rlhf = os.path.join(os.path.dirname(sys.executable), "rlhf-mlflow")
+    client = mlflow.MlflowClient()
+    for i in range(2):
+        (run,) = mlflow.search_runs(search_all_experiments=True, filter_string=f"attributes.run_name = 'm{i}'",
+                                    output_format="list")
+        assert run.info.status == "RUNNING"
+        res = subprocess.run([rlhf, "train-rl", "--resume", run.info.run_id, "--no-register"], env=env,
+                             capture_output=True, text=True)
+        assert res.returncode == 0, res.stderr
+        assert mlflow.get_run(run.info.run_id).info.status == "FINISHED"
+        (alone,) = mlflow.search_runs(search_all_experiments=True, filter_string=f"attributes.run_name = 'alone{i}'",
+                                      output_format="list")
+        for key in ("train/proxy/balanced", "train/kl/balanced", "train/stats/loss"):
+            ours, theirs = (sorted((m.step, m.value) for m in client.get_metric_history(r, key))
+                            for r in (run.info.run_id, alone.info.run_id))
+            assert [s for s, _ in ours] == list(range(1, 61)) == [s for s, _ in theirs], key
+            assert all(abs(a - b) < 1e-4 * max(1.0, abs(b)) for (_, a), (_, b) in zip(ours, theirs)), key
