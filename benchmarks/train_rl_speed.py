@@ -1,16 +1,19 @@
 """train_rl speed: the seed-faithful loop vs ours, same config and seeds, in one process, paired per repeat.
 
-    python benchmarks/train_rl_speed.py [--steps 200] [--repeats 3] [--world DIR] [--target 3.0]
+    python benchmarks/train_rl_speed.py [--steps 200] [--repeats 3] [--world DIR] [--target 3.0] [--batch 8]
     python benchmarks/train_rl_speed.py --watch-every 50 [--steps 400] [--repeats 3] [--world DIR]
 
 Runs the arms of ARMS (B=16 x G=8): the seed-faithful loop, train_rl as it runs by default, train_rl
-held to one process on one thread, and train_rl in one process at the run's threads (RLHF_PARTNER=off).
+held to one process on one thread, train_rl in one process at the run's threads (RLHF_PARTNER=off), and
+--batch runs trained together in one process (training/batched.py; policy-steps/s against the seed loop's,
+which is the seed loop running them one after another).
 Each repeat runs every arm once, in an order that rotates between repeats; ratios are taken within a
 repeat. Prints per arm and repeat steps/s, the per-step split and the machine around it (1-min load
 before->after, CPU steal, CPUs others used: benchmarks/machine_load.py); per arm the ratios to the
 seed loop (median, range); the other steps' times; a markdown table; a WARNING naming the busy repeats;
-`verdict: met` / `not met` (median ours / seed against --target) / `none: machine busy (repeats ...)`;
-and last `speedup: X.XX (range A-B, median of N paired repeats; load ...)`.
+`batched_verdict:` and `batched_speedup: X.XX (range A-B, ...)` (target 5.0); `verdict: met` / `not met`
+(median ours / seed against --target) / `none: machine busy (repeats ...)`; and last
+`speedup: X.XX (range A-B, median of N paired repeats; load ...)`.
 With --watch-every N: train_rl without and with the over-optimisation watch every N steps (the expert
 set, the watch's defaults), alternately, as it runs (two threads: with its partner process) and held to
 one process; last `watch_slowdown: X.XX` (seconds with / without, median of the per-repeat ratios,
@@ -37,6 +40,7 @@ from rlhf_mlflow.core import records as D  # noqa: E402
 from rlhf_mlflow.core import reward_model as R  # noqa: E402
 from rlhf_mlflow.core.process import configure_threads  # noqa: E402
 from rlhf_mlflow.training import two_process_step as partner  # noqa: E402
+from rlhf_mlflow.training.batched import run_together  # noqa: E402
 from rlhf_mlflow.training.evaluate import dev_eval  # noqa: E402
 from rlhf_mlflow.training.rl_config import RLConfig  # noqa: E402
 from rlhf_mlflow.training.train_rl import train_rl  # noqa: E402
@@ -102,11 +106,29 @@ def _no_partner(cfg: RLConfig, t: dict) -> int:
             os.environ[partner.PARTNER_ENV] = old
 
 
+BATCH = 8
+"""Runs the batched arm trains together (--batch)."""
+BATCHED_TARGET = 5.0  # issue #32: N batched runs' policy-steps/s >= 5.0 x the seed loop's
+
+
+def _batched(cfg: RLConfig, t: dict) -> int:
+    """BATCH runs (seeds cfg.seed, +1, ...) trained together in one process at the run's threads
+    (training/batched.py); its phase split is the batch's (each member's step is the batch's step)."""
+    cfgs = [replace(cfg, seed=cfg.seed + k) for k in range(BATCH)]
+    out = run_together([lambda seat, c=c, k=k: train_rl(c, seat=seat, timings=t if k == 0 else None)
+                        for k, c in enumerate(cfgs)])
+    failed = [r for r in out if isinstance(r, BaseException)]
+    if failed:
+        raise failed[0]
+    return BATCH * cfg.steps
+
+
 BASE = "seed"
 ARMS = (Arm(BASE, "seed-faithful loop", _seed), Arm("ours", "train_rl", _ours),
         Arm("ours_1p", "train_rl, one process, one thread", _one_thread),
-        Arm("ours_off", "train_rl, one process, run's threads", _no_partner))
-"""The arms every repeat runs; a new one (a batched arm) is one more entry."""
+        Arm("ours_off", "train_rl, one process, run's threads", _no_partner),
+        Arm("batched", "train_rl, BATCH runs batched in one process", _batched))
+"""The arms every repeat runs; a new one is one more entry."""
 MODES = (("ours", "ours_1p"), ("ours_off", "ours_1p"))
 """The process modes against each other, paired too (docs/PERFORMANCE.md: the default per machine class)."""
 
@@ -167,6 +189,11 @@ def report(res: Results, arms: tuple[Arm, ...], target: float) -> None:
     if busy:
         print(f"WARNING: machine busy in repeats {', '.join(map(str, busy))} (BUSY on their lines; the rule: "
               f"benchmarks/machine_load.py); their ratios measure the load as much as the code")
+    if "batched" in res.rates:
+        b = paired.summarise(paired.ratios(res.rates, "batched", BASE))
+        print(f"batched_verdict: {paired.verdict(b, busy, BATCHED_TARGET)}")
+        print(f"batched_speedup: {b.median:.2f} (range {b.lo:.2f}-{b.hi:.2f}, {BATCH} runs batched in one process "
+              f"against the seed loop running them one after another)")
     s = paired.summarise(paired.ratios(res.rates, "ours", BASE))
     print(f"verdict: {paired.verdict(s, busy, target)}")
     print(f"speedup: {s.median:.2f} (range {s.lo:.2f}-{s.hi:.2f}, median of {len(s.ratios)} paired repeats; "
@@ -256,18 +283,21 @@ def table(res: Results, arms: tuple[Arm, ...], steps: int, threads: int, others:
 
 
 def main() -> None:
+    global BATCH
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--world", default=None, help="world directory (default: the default world, built once)")
     ap.add_argument("--target", type=float, default=TARGET, help="the verdict's bar for the median ours / seed")
     ap.add_argument("--no-other-steps", action="store_true", help="skip timing dev_eval, diagnostic, certify, a world")
+    ap.add_argument("--batch", type=int, default=8, help="runs the batched arm trains together")
     ap.add_argument("--watch-every", type=int, default=0, help="compare train_rl with and without the watch")
     ap.add_argument("--watch-correction", help="with --watch-every: a correction file (the diagnostic's, as main "
                                                "passes it): the watch's predictor and the shortcuts it counts")
     a = ap.parse_args()
-    if a.repeats < 1 or a.steps < 1:
-        ap.error("--steps and --repeats must be at least 1")
+    if a.repeats < 1 or a.steps < 1 or a.batch < 1:
+        ap.error("--steps, --repeats and --batch must be at least 1")
+    BATCH = a.batch
     threads = configure_threads()
     world = a.world or ensure_world("worlds", 0, None, "full", progress=print)[0]
     cfg = RLConfig(steps=a.steps, log_every=a.steps, batch_prompts=16, samples_per_prompt=8).resolved(world)
