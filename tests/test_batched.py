@@ -154,6 +154,13 @@ def test_a_seat_released_before_joining_and_a_failing_member_hold_nobody_up(tiny
     assert len(done) == 1 and done[0].history[-1][0] in (cfgs[0].steps, cfgs[1].steps)
 
 
+def test_frozen_models_that_do_not_load_fail_every_member_and_hang_none(tiny_world, tmp_path):
+    from rlhf_mlflow.core.errors import InputError
+    cfgs = [replace(c, reward_model=str(tmp_path / "no_such_rm")) for c in _recipes(tiny_world)]
+    out = run_together([lambda seat, c=c: train_rl(c, seat=seat) for c in cfgs])
+    assert all(isinstance(r, InputError) for r in out), out
+
+
 def test_an_abort_reaches_every_waiting_member(tiny_world):
     cfg = replace(_recipes(tiny_world)[0], steps=10_000)
     batch, errors, started = Batch(2), [], threading.Event()

@@ -87,8 +87,16 @@ class Batch:
             self._cond.notify_all()
 
     def _raise_if_aborted(self) -> None:
-        if self._error is not None:
-            raise type(self._error)(*self._error.args)
+        """Raise the batch's error in this member's thread: its own copy (an interrupt stays an interrupt,
+        so the member's run ends KILLED; an input error stays one line)."""
+        e = self._error
+        if e is None:
+            return
+        try:
+            copy = type(e)(*e.args)
+        except Exception:  # noqa: BLE001 - a type that cannot be rebuilt from its args
+            copy = RuntimeError(f"the batch stopped: {type(e).__name__}: {e}")
+        raise copy from e
 
     def _join(self, i: int, joined: _Joined) -> None:
         with self._cond:
@@ -123,7 +131,12 @@ class Batch:
         """Build the stack once every seat has joined or left (called with the lock held)."""
         if self.stack is None and self._error is None and len(self._joined | dict.fromkeys(self._left)) == self.n \
                 and set(self._joined) - self._left:
-            self._build()
+            try:
+                self._build()
+            except BaseException as e:  # the frozen models did not load: every member raises it, none waits
+                self._error = e
+                self._cond.notify_all()
+                raise
             threading.Thread(target=self._engine, name="rlhf-batch", daemon=True).start()
 
     def _active(self) -> list[int]:
