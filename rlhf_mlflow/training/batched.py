@@ -11,7 +11,9 @@ and each goes on with its own result. A member that finishes, stops or fails lea
 Members differ in their recipe (kl_coef, lr, max_grad_norm, steps, family weights, reward wrapper,
 seed, watch); they share the policy's shape, the reference policy, the reward model (or ensemble) and the
 batch shape (batch_prompts, samples_per_prompt, temperature), which the batch checks as they join.
-Each member's maths is the single run's, to float tolerance (tests/test_batched.py).
+Each member's maths is the single run's, to float tolerance (tests/test_batched.py). An error inside the
+shared step (a member's reward wrapper raising, the frozen models failing to load) fails every member of
+the batch; an error in a member's own thread (its callbacks, its MLflow run) fails that member alone.
 """
 from __future__ import annotations
 
