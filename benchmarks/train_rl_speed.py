@@ -40,7 +40,7 @@ from rlhf_mlflow.core import records as D  # noqa: E402
 from rlhf_mlflow.core import reward_model as R  # noqa: E402
 from rlhf_mlflow.core.process import configure_threads  # noqa: E402
 from rlhf_mlflow.training import two_process_step as partner  # noqa: E402
-from rlhf_mlflow.training.batched import run_together  # noqa: E402
+from rlhf_mlflow.training.batch_run import run_together  # noqa: E402
 from rlhf_mlflow.training.evaluate import dev_eval  # noqa: E402
 from rlhf_mlflow.training.rl_config import RLConfig  # noqa: E402
 from rlhf_mlflow.training.train_rl import train_rl  # noqa: E402

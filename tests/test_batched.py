@@ -12,7 +12,8 @@ import torch
 from rlhf_mlflow.core import model as M
 from rlhf_mlflow.core import rollout
 from rlhf_mlflow.core.stacked_policy import StackedPolicy
-from rlhf_mlflow.training.batched import Batch, run_together
+from rlhf_mlflow.training.batch_run import run_together
+from rlhf_mlflow.training.batched import Batch
 from rlhf_mlflow.training.rl_config import RLConfig
 from rlhf_mlflow.training.stacked_adam import MemberOptimizer, StackedAdam, clip_per_member
 from rlhf_mlflow.training.train_rl import Resume, train_rl
@@ -188,7 +189,7 @@ import sys
 from rlhf_mlflow.core.process import handle_signals
 from rlhf_mlflow.core.world_paths import WorldPaths
 from rlhf_mlflow.steps.train_rl import run_train_rl
-from rlhf_mlflow.training.batched import run_together
+from rlhf_mlflow.training.batch_run import run_together
 from rlhf_mlflow.training.rl_config import load_rl_config
 handle_signals()
 world, out = WorldPaths.at(sys.argv[1]), sys.argv[2]
@@ -242,3 +243,15 @@ def test_a_batch_killed_mid_way_resumes_each_member_like_a_single_run(tiny_world
                             for r in (run.info.run_id, alone.info.run_id))
             assert [s for s, _ in ours] == list(range(1, 61)) == [s for s, _ in theirs], key
             assert all(abs(a - b) < 1e-4 * max(1.0, abs(b)) for (_, a), (_, b) in zip(ours, theirs)), key
+
+
+def test_a_bad_batch_setting_is_one_error_line_before_main_starts_a_run(tiny_world, tmp_path, monkeypatch):
+    import mlflow
+    from click.testing import CliRunner
+
+    from rlhf_mlflow.cli import cli
+    monkeypatch.setenv("RLHF_BATCH_RUNS", "two")
+    res = CliRunner().invoke(cli, ["main", "--world", tiny_world, "--steps-scale", "0.05", "--out", str(tmp_path / "out")])
+    assert res.exit_code == 1 and "RLHF_BATCH_RUNS='two': expected a positive integer" in res.output, res.output
+    assert "Traceback" not in res.output
+    assert mlflow.search_runs(search_all_experiments=True).empty

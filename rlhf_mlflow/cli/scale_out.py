@@ -47,7 +47,7 @@ def sweep_cmd(ctx, world, config_path, overrides, grid, ray_address, max_concurr
     from rlhf_mlflow.steps.outputs import check_out
     from rlhf_mlflow.steps.ray_tune import SweepConfig, parse_grid
     from rlhf_mlflow.steps.sweep import release_best, run_sweep_step
-    from rlhf_mlflow.training.batched import batch_runs
+    from rlhf_mlflow.training.batch_run import batch_runs
     from rlhf_mlflow.training.rl_config import fixture_root
     if out:
         check_out(out, {"--config": config_path, "--diagnostic": diagnostic_path})

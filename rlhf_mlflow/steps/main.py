@@ -44,6 +44,7 @@ from rlhf_mlflow.steps.train_rl import run_train_rl
 from rlhf_mlflow.tracking import metric_names as MN
 from rlhf_mlflow.tracking import registry as REG
 from rlhf_mlflow.tracking import runs as T
+from rlhf_mlflow.training.batch_run import batch_runs
 from rlhf_mlflow.training.recipes import CORRECTED, SEED_HISTORY, scaled
 from rlhf_mlflow.training.rl_config import load_rl_config
 from rlhf_mlflow.world.oracle import write_oracle_reward
@@ -83,10 +84,11 @@ def run_main(world: WorldPaths, out_dir: str, steps_scale: float = 1.0, ceiling:
     `resume`: continue the main that stopped in `out_dir`, with its settings (main_resume.py)."""
     os.makedirs(check_out(out_dir, {"--world": world.root}, directory=True), exist_ok=True)
     gates = G.GuardrailConfig.from_dict(guardrails or {})  # what every release (and label purchase) applies
+    batch = batch_runs()  # a bad RLHF_BATCH_RUNS fails here, before the run
     state = MR.begin(out_dir, MR.settings(world, steps_scale, label_budget, rounds, guardrails), resume, echo)
     t0 = time.perf_counter()
     params = {"world": world.root, "steps_scale": steps_scale, "label_budget": label_budget, "rounds": rounds,
-              **{f"guardrail.{k}": v for k, v in (guardrails or {}).items()}}
+              "batch_runs": batch, **{f"guardrail.{k}": v for k, v in (guardrails or {}).items()}}
     tags = {"rlhf.resumes": state.runs[-1]} if resume and state.runs else None
     with T.tracked_run("main", params, tags=tags, run_name="main") as parent:
         state.runs.append(parent.info.run_id)

@@ -21,7 +21,8 @@ from rlhf_mlflow.tracking.workers import (
     enter_worker,
     experiment_of,
 )
-from rlhf_mlflow.training.batched import Seat, batch_runs, run_together
+from rlhf_mlflow.training.batch_run import batch_runs, run_together
+from rlhf_mlflow.training.batched import Seat
 from rlhf_mlflow.training.rl_config import load_rl_config
 
 CHECKPOINTS = 4  # a corrected candidate is saved at each quarter of its steps

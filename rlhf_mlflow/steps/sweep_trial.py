@@ -26,7 +26,8 @@ from rlhf_mlflow.steps.train_rl import run_train_rl
 from rlhf_mlflow.tracking import metric_names as MN
 from rlhf_mlflow.tracking import runs as T
 from rlhf_mlflow.tracking.workers import enter_worker
-from rlhf_mlflow.training.batched import Seat, run_together
+from rlhf_mlflow.training.batch_run import run_together
+from rlhf_mlflow.training.batched import Seat
 from rlhf_mlflow.training.rl_config import RLConfig
 
 log = logging.getLogger(__name__)
