@@ -114,7 +114,7 @@ class Batch:
 
     def _advance(self) -> None:
         """Build the stack once every seat has joined or left (called with the lock held)."""
-        if self.stack is None and self._error is None and len(self._joined | dict.fromkeys(self._left)) == self.n \
+        if self.stack is None and self._error is None and len(set(self._joined) | self._left) == self.n \
                 and set(self._joined) - self._left:
             try:
                 self._build()
