@@ -199,7 +199,7 @@ class Seat:
     def join(self, cfg: RLConfig, policy: M.Policy, rng: torch.Generator, wrap: Transform | None) -> "Member":
         groups = torch.optim.Adam(policy.parameters(), lr=cfg.lr, fused=True).state_dict()["param_groups"]
         self.batch._join(self.index, _Joined(cfg, policy, wrap, groups))
-        return Member(self, cfg, rng, wrap)
+        return Member(self, cfg, rng)
 
     def release(self) -> None:
         self.batch._leave(self.index)
@@ -208,8 +208,8 @@ class Seat:
 class Member:
     """train_rl's Learner for a member of a batch; `optimizer` is its slice of the stacked Adam."""
 
-    def __init__(self, seat: Seat, cfg: RLConfig, rng: torch.Generator, wrap: Transform | None):
-        self.seat, self.cfg, self.rng, self.wrap = seat, cfg, rng, wrap
+    def __init__(self, seat: Seat, cfg: RLConfig, rng: torch.Generator):
+        self.seat, self.cfg, self.rng = seat, cfg, rng
         batch = seat.batch
         self.optimizer = MemberOptimizer(lambda: batch.adam, lambda: batch.order.index(seat.index),
                                          batch._joined[seat.index].param_groups, batch.stack.transposed())
@@ -238,8 +238,7 @@ def stacked_step(stack: StackedPolicy, adam: StackedAdam, frozen: Frozen, member
                                       torch.cat([m[3] for m in members], 1))
     t1 = time.perf_counter()
     logprobs, logp = rollout.grouped_logprobs(stack, prompts, responses, G, table)
-    with torch.inference_mode():
-        ref_logprobs = rollout.grouped_logprobs(frozen.ref, prompts, responses, G, frozen.ref_table)[0]
+    ref_logprobs = frozen.ref_logprobs(prompts, responses, G)
     raw, spread = frozen.reward(prompts.repeat_interleave(G, 0), responses)
     rows = len(responses) // len(members)
     stats, losses = [], []

@@ -10,6 +10,7 @@ import torch
 from rlhf_mlflow.core import model as M
 from rlhf_mlflow.core import reward_ensemble as RE
 from rlhf_mlflow.core import reward_model as R
+from rlhf_mlflow.core import rollout
 from rlhf_mlflow.core.checkpoint import freeze
 from rlhf_mlflow.core.reward_wrapper import Transform, apply_wrapper
 from rlhf_mlflow.training import rl_math
@@ -48,21 +49,17 @@ class Frozen:
         with torch.inference_mode():
             return cls(ref, rm, ref.first_layer_table(), rm.first_layer_table(), ensemble, cfg.ensemble_penalty)
 
+    def ref_logprobs(self, prompts: torch.Tensor, responses: torch.Tensor, group: int) -> torch.Tensor:
+        """Per-token log-probs (N, L) of the responses under the reference (rollout.grouped_logprobs)."""
+        with torch.inference_mode():
+            return rollout.grouped_logprobs(self.ref, prompts, responses, group, self.ref_table)[0]
+
     def reward(self, prompts_rep: torch.Tensor, responses: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The reward of each response and, with an ensemble, its members' spread (standard deviation)."""
         if self.ensemble is None:
             return R.score(self.rm, prompts_rep, responses, R.RL_CHUNK, self.rm_table), None
         scores = self.ensemble.score(prompts_rep, responses, ENSEMBLE_CHUNK)  # (K, N)
         return RE.penalised(scores, self.penalty), scores.std(0)
-
-
-def update(loss: torch.Tensor, params: list[torch.Tensor], opt: torch.optim.Optimizer, max_grad_norm: float) -> float:
-    """Gradients of the loss, clip, optimiser step; returns the gradient norm before clipping."""
-    for p, g in zip(params, torch.autograd.grad(loss, params)):
-        p.grad = g
-    grad_norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm, foreach=True)
-    opt.step()
-    return float(grad_norm)
 
 
 def policy_loss(cfg: RLConfig, wrap: Transform | None, records: list[dict], responses: torch.Tensor,

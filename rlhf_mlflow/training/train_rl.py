@@ -23,7 +23,7 @@ from rlhf_mlflow.core.reward_wrapper import Transform, load_wrapper
 from rlhf_mlflow.training.batched import Member, Seat
 from rlhf_mlflow.training.family_stats import FamilyAccumulator, family_of
 from rlhf_mlflow.training.rl_config import RLConfig
-from rlhf_mlflow.training.rl_step import Frozen, metric_names, policy_loss, update
+from rlhf_mlflow.training.rl_step import Frozen, metric_names, policy_loss
 from rlhf_mlflow.training.train_state import TrainState, capture, restore
 from rlhf_mlflow.training.two_process_step import Partner, available
 
@@ -38,6 +38,15 @@ class RLResult:
     seconds: float = 0.0
     stopped_at: int | None = None
     """The step an `on_watch` callback stopped the run at (None: it ran all its steps)."""
+
+
+def update(loss: torch.Tensor, params: list[torch.Tensor], opt: torch.optim.Optimizer, max_grad_norm: float) -> float:
+    """Gradients of the loss, clip, optimiser step; returns the gradient norm before clipping."""
+    for p, g in zip(params, torch.autograd.grad(loss, params)):
+        p.grad = g
+    grad_norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm, foreach=True)
+    opt.step()
+    return float(grad_norm)
 
 
 @dataclass
@@ -71,8 +80,7 @@ class Learner:
         responses, scores, table = self.sample(prompts)
         t1 = time.perf_counter()
         logprobs, logp = rollout.grouped_logprobs(self.policy, prompts, responses, G, table)  # (N, L), (N, L, C)
-        with torch.inference_mode():
-            ref_logprobs = rollout.grouped_logprobs(self.frozen.ref, prompts, responses, G, self.frozen.ref_table)[0]
+        ref_logprobs = self.frozen.ref_logprobs(prompts, responses, G)
         stats, loss = policy_loss(cfg, self.wrap, records, responses, logprobs, logp, ref_logprobs, scores())
         t2 = time.perf_counter()
         grad_norm = update(loss, list(self.policy.parameters()), self.opt, cfg.max_grad_norm)
