@@ -31,7 +31,7 @@ def write(uri: str, experiment: str, writer: int, steps: int) -> None:
     """One writer process: a run, `steps` steps of every key, half async-batched, half synchronous."""
     import mlflow
 
-    from rlhf_mlflow.tracking.runs import MetricLogger
+    from rlhf_mlflow.tracking.metric_logger import MetricLogger
     mlflow.set_tracking_uri(uri)
     mlflow.set_experiment(experiment)
     with mlflow.start_run(run_name=f"writer-{writer}", tags={"rlhf.step": "concurrency_check"}):

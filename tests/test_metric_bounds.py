@@ -12,6 +12,7 @@ from click.testing import CliRunner
 from rlhf_mlflow.cli import cli
 from rlhf_mlflow.tracking import metric_bounds as B
 from rlhf_mlflow.tracking import runs as T
+from rlhf_mlflow.tracking.metric_logger import MetricLogger
 
 GUARD = "rlhf_mlflow.tracking.metric_bounds"
 
@@ -41,7 +42,7 @@ def test_the_guard_drops_non_finite_and_absurd_values_with_a_warning(caplog):
 def test_what_the_guard_drops_never_reaches_the_store():
     with T.tracked_run("test") as run:
         T.log_metrics({"truth/balanced": 0.5, "truth/dune": math.nan})
-        logger = T.MetricLogger(prefix="train/")
+        logger = MetricLogger(prefix="train/")
         logger(1, {"kl/dune": 0.3, "kl/ember": math.inf, "kl/anvil": 1e43})
         logger.flush(synchronous=True)
     assert set(mlflow.get_run(run.info.run_id).data.metrics) == {"truth/balanced", "train/kl/dune"}

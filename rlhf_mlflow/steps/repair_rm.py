@@ -30,6 +30,7 @@ from rlhf_mlflow.steps.outputs import check_out
 from rlhf_mlflow.tracking import metric_names as MN
 from rlhf_mlflow.tracking import rm_registry as RMR
 from rlhf_mlflow.tracking import runs as T
+from rlhf_mlflow.tracking.metric_logger import MetricLogger
 from rlhf_mlflow.training import repair_rm as RR
 
 
@@ -95,7 +96,7 @@ def run_repair_rm(world: WorldPaths, labels: list[str], out: str, diagnostic: st
         rules = fit_corrections(parent_diag, qa, diagnostic) if parent_diag else []
         echo(f"repair_rm: parent {f'v{parent}' if parent else 'the world model'}, {len(gold) + len(experts_bought)} expert labels, "
              f"{len(rules)} premiums taken out of the crowd's labels; cross-validating ({cfg.folds} folds)")
-        logger = T.MetricLogger()
+        logger = MetricLogger()
         anchors = RR.anchor_rows(parent_dir, world.policy, D.read_jsonl(world.prompts_train), cfg.anchors, rules, cfg.seed)
         rm, info = RR.repair(parent_dir, qa, gold + experts_bought, rules, cfg,
                              on_log=lambda e, m: logger(e, MN.prefixed(MN.REPAIR, m)),

@@ -30,6 +30,7 @@ from rlhf_mlflow.steps.train_rl_checkpoints import last_checkpoint, upload, writ
 from rlhf_mlflow.steps.train_rl_watch import WATCH_FILES, RunWatch
 from rlhf_mlflow.tracking import metric_names as MN
 from rlhf_mlflow.tracking import runs as T
+from rlhf_mlflow.tracking.metric_logger import MetricLogger, stored_steps
 from rlhf_mlflow.tracking.policy_model import log_policy
 from rlhf_mlflow.training.batched import Seat
 from rlhf_mlflow.training.rl_config import PATH_KEYS, RLConfig
@@ -116,7 +117,7 @@ def resume_train_rl(run_id: str, out: str | None = None, register: bool = True,
         job = Job(cfg, run_id, run.data.tags.get("rlhf.recipe", run.info.run_name), params.get("world_hash", ""),
                   D.read_jsonl(cfg.prompt_file), load_wrapper(cfg.reward_wrapper), seat)
         T.use_experiment_of(run)
-        stored = T.stored_steps(run_id)
+        stored = stored_steps(run_id)
         with T.tracked_run("train_rl", tags={"rlhf.resumed_from_step": str(start)}, run_id=run_id):
             if out:
                 F.claim_run_dir(out, run_id)
@@ -173,7 +174,7 @@ def _train(job: Job, out: str | None, register: bool, echo: Callable[[str], None
     cfg, run_id = job.cfg, job.run_id
     with tempfile.TemporaryDirectory() as tmp:
         bar = training_progress(cfg.steps, progress, resume.state.step if resume else 0, job.recipe)
-        logger = T.MetricLogger(stored=stored)
+        logger = MetricLogger(stored=stored)
 
         def on_log(step, metrics):
             logger(step, charted(metrics))

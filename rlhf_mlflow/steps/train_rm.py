@@ -10,6 +10,7 @@ from rlhf_mlflow.core import reward_model as R
 from rlhf_mlflow.tracking import metric_names as MN
 from rlhf_mlflow.steps.outputs import check_out
 from rlhf_mlflow.tracking import runs as T
+from rlhf_mlflow.tracking.metric_logger import MetricLogger
 from rlhf_mlflow.training.train_rm import RMConfig, per_family_fit, train_rm
 
 
@@ -21,7 +22,7 @@ def run_train_rm(data: str, out: str, cfg: RMConfig, gold: str | None = None,
     gold_recs = D.read_jsonl(gold, labelled=True) if gold else None
     with T.tracked_run("train_rm", {**asdict(cfg), "data": data, "gold": gold}):
         T.log_records_input(records, data, "training")
-        logger = T.MetricLogger()
+        logger = MetricLogger()
 
         def on_log(epoch, m):
             logger(epoch, MN.prefixed(MN.RM, m))

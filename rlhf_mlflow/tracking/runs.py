@@ -17,7 +17,7 @@ from rlhf_mlflow.core.errors import InputError
 from rlhf_mlflow.core.process import process_tags
 from rlhf_mlflow.tracking.default_experiment import EXPERIMENT, experiment_id
 from rlhf_mlflow.tracking.metric_bounds import checked
-from rlhf_mlflow.tracking.metric_logger import MetricLogger, flush_async, stored_steps  # noqa: F401 - T.MetricLogger
+from rlhf_mlflow.tracking.metric_logger import flush_async
 
 log = logging.getLogger(__name__)
 
