@@ -68,10 +68,15 @@ def test_portable_repair_writes_a_reward_model_the_seed_layout_loads(tiny_world,
     seed_rm = SeedRewardModel(cfg)
     seed_rm.load_state_dict(load_file(str(out / "rm.safetensors")))  # strict: the seed's keys and shapes
     ours, _ = R.load_rm(str(out))
+    assert ours.label_head is not None  # beside the seed's weights, in its own file
+    head, ours.label_head = ours.label_head, None
     prompts, responses = _ids(9)
     with torch.no_grad():
-        assert torch.allclose(seed_rm.eval()(torch.cat([prompts, responses], 1)), R.score(ours, prompts, responses),
-                              atol=1e-5)
+        seed_scores = seed_rm.eval()(torch.cat([prompts, responses], 1))
+        assert torch.allclose(seed_scores, R.score(ours, prompts, responses), atol=1e-5)  # the seed reads the trunk
+        ours.label_head = head
+        assert torch.allclose(R.score(ours, prompts, responses),
+                              head.combine(torch.cat([prompts, responses], 1), seed_scores), atol=1e-5)
     parent = R.score(R.load_rm(world.reward_model)[0], prompts, responses)
     assert not torch.allclose(parent, R.score(ours, prompts, responses))  # it did learn something
     report = json.loads((out / "repair.json").read_text())
@@ -133,7 +138,7 @@ def test_repair_registers_lineage_moves_production_and_a_worse_repair_is_refused
     assert production is not None and str(production.version) == str(child.version if first["promoted"] else root.version)
     # a repair of it that destroys the model (a learning rate far too high) agrees worse: refused, alias untouched
     ruined = run_repair_rm(world, [labels], str(tmp_path / "rm2"), parent_version=first["version"],
-                           cfg=RR.RepairConfig(epochs=3, folds=2, lr=0.5), echo=lambda m: None)
+                           cfg=RR.RepairConfig(epochs=3, folds=2, lr=0.5, label_head=False), echo=lambda m: None)
     assert not ruined["promoted"] and ruined["gate"]["agreement"]
     refused = c.get_model_version(RMR.RM_MODEL, ruined["version"])
     assert refused.description.startswith(f"REFUSED v{ruined['version']}: agreement")

@@ -57,8 +57,11 @@ def expert_label_cmd(world, requests, out):
 @click.option("--ensemble", type=click.IntRange(0, 32), default=0, show_default=True,
               help="Also train this many ensemble members on the same data (bootstraps with new heads), written to "
                    "OUT/ensemble: train-rl's reward_ensemble, with ensemble_penalty k for mean - k x spread.")
+@click.option("--label-head", type=click.Choice(["on", "off"]), default="on", show_default=True,
+              help="Also fit a label head on the expert labels (a sparse table of which token at which position "
+                   "goes with which prompt attribute) and stack it on the fine-tuned model by cross-validation.")
 @click.option("--seed", type=int, default=0, show_default=True)
-def repair_rm_cmd(world, labels, diagnostic, parent_version, out, epochs, lr, crowd_weight, ensemble, seed):
+def repair_rm_cmd(world, labels, diagnostic, parent_version, out, epochs, lr, crowd_weight, ensemble, label_head, seed):
     """Repair the reward model with every expert label so far; register it; promote it to production only
     if it agrees with the experts at least as well as its parent and pays no flagged shortcut again."""
     from rlhf_mlflow.steps.outputs import check_out
@@ -66,7 +69,8 @@ def repair_rm_cmd(world, labels, diagnostic, parent_version, out, epochs, lr, cr
     from rlhf_mlflow.training.repair_rm import RepairConfig
     paths = [p.strip() for p in labels.split(",") if p.strip()]
     check_out(out, {"--diagnostic": diagnostic, **{f"--labels[{i}]": p for i, p in enumerate(paths)}}, directory=True)
-    cfg = RepairConfig(epochs=epochs, lr=lr, crowd_weight=crowd_weight, ensemble=ensemble, seed=seed)
+    cfg = RepairConfig(epochs=epochs, lr=lr, crowd_weight=crowd_weight, ensemble=ensemble,
+                       label_head=label_head == "on", seed=seed)
     result = run_repair_rm(resolve_world(world), paths, out, diagnostic, parent_version, cfg, echo=echo_err)
     echo_json({k: result[k] for k in ("version", "parent_version", "promoted", "gate", "out", "run_id")})
 

@@ -107,6 +107,8 @@ def repair_main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lr", type=float, default=RepairDefaults.lr)
     ap.add_argument("--crowd-weight", type=float, default=RepairDefaults.crowd_weight)
     ap.add_argument("--ensemble", type=int, default=0, help="ensemble members written to OUT/ensemble (as repair-rm)")
+    ap.add_argument("--label-head", choices=["on", "off"], default="on",
+                    help="fit a label head on the expert labels, stacked on the fine-tuned model (as repair-rm)")
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args(argv)
 
@@ -118,7 +120,8 @@ def repair_main(argv: list[str] | None = None) -> int:
         from rlhf_mlflow.core import reward_model as R
         from rlhf_mlflow.core.errors import read_json
         from rlhf_mlflow.training.rm_ensemble import ensemble_for_repair
-        cfg = RR.RepairConfig(epochs=a.epochs, lr=a.lr, crowd_weight=a.crowd_weight, ensemble=a.ensemble, seed=a.seed)
+        cfg = RR.RepairConfig(epochs=a.epochs, lr=a.lr, crowd_weight=a.crowd_weight, ensemble=a.ensemble,
+                              label_head=a.label_head == "on", seed=a.seed)
         qa = D.read_jsonl(a.qa, labelled=True)
         rules = fit_corrections(read_json(a.diagnostic), qa, a.diagnostic) if a.diagnostic else []
         experts = (D.read_jsonl(a.gold, labelled=True) if a.gold else []) + read_label_files(a.labels)

@@ -9,6 +9,8 @@ import torch.nn as nn
 
 from rlhf_mlflow.core import vocab as V
 from rlhf_mlflow.core.checkpoint import load_weights, read_config, save_module
+from rlhf_mlflow.core.files import atomic_dir
+from rlhf_mlflow.core.label_head import LabelHead
 from rlhf_mlflow.core.model import Trunk
 
 CONFIG_KEYS = ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff", "seq_len")
@@ -26,24 +28,39 @@ class RewardModel(Trunk):
         super().__init__(cfg)
         d = cfg["d_model"]
         self.head = nn.Sequential(nn.Linear(d, d), nn.GELU(), nn.Linear(d, 1))
+        self.label_head: LabelHead | None = None
+        """A repaired model's label head (core/label_head.py; its own file, not in the state_dict)."""
 
     def forward(self, ids: torch.Tensor, table: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
-        """ids (B, T) -> scalar reward (B,); bidirectional attention, mean-pooled.
+        """ids (B, T) -> scalar reward (B,); bidirectional attention, mean-pooled, plus the label head
+        where there is one.
 
         `table` is first_layer_table(), to look the first block up instead of running it per token.
         """
+        if self.label_head is not None and not self.label_head.uses_trunk:
+            return self.label_head.combine(ids, None)
         pooled = self.hidden(ids, causal=False, table=table).mean(1)  # (B, d)
-        return self.head(pooled).squeeze(-1)
+        trunk = self.head(pooled).squeeze(-1)
+        return trunk if self.label_head is None else self.label_head.combine(ids, trunk)
 
 
 def save_rm(rm: RewardModel, cfg: dict, out_dir: str) -> None:
-    save_module(rm, cfg, out_dir, WEIGHTS)
+    """rm.safetensors + config.json (seed format) and, beside them, the label head if the model has one:
+    the directory appears whole (replacing one that was there)."""
+    if rm.label_head is None:
+        save_module(rm, cfg, out_dir, WEIGHTS)
+        return
+    with atomic_dir(out_dir) as tmp:
+        save_module(rm, cfg, tmp, WEIGHTS)
+        rm.label_head.save(tmp)
 
 
 def load_rm(ckpt_dir: str) -> tuple[RewardModel, dict]:
+    """The reward model in `ckpt_dir`, with its label head when the directory holds one."""
     cfg = read_config(ckpt_dir, CONFIG_KEYS)
     rm = RewardModel(cfg)
     load_weights(rm, ckpt_dir, WEIGHTS)
+    rm.label_head = LabelHead.load(ckpt_dir)
     return rm, cfg
 
 

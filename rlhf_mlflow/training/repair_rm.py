@@ -18,7 +18,6 @@ gate's evidence (decisions/rm_gate.py).
 """
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -29,7 +28,8 @@ from rlhf_mlflow.core import reward_model as R
 from rlhf_mlflow.core import shortcut_rules as SR
 from rlhf_mlflow.core import vocab as V
 from rlhf_mlflow.core.config import check_range
-from rlhf_mlflow.training.train_rm import pearson
+from rlhf_mlflow.training.label_head_fit import ALPHA, fit_head
+from rlhf_mlflow.training.rm_agreement import paired_difference, per_family_agreement
 
 OnLog = Callable[[int, dict], None]
 
@@ -48,6 +48,10 @@ class RepairConfig:
     anchors: int = 2000
     """Reference responses labelled by the parent minus its flagged premiums (`anchor_rows`), learned as
     crowd rows: they keep what the parent knows where the few expert labels say nothing (docs/REPAIR.md)."""
+    label_head: bool = True
+    """Fit a label head on the expert labels and stack it on the fine-tuned trunk (label_head_fit.py)."""
+    head_alpha: float = ALPHA
+    """The label head's L1 weight."""
     ensemble: int = 0
     """Members of an uncertainty ensemble written beside the repaired model (rm_ensemble.py; 0: none)."""
     seed: int = 0
@@ -61,6 +65,7 @@ class RepairConfig:
         check_range("anchors", self.anchors, 0, 1_000_000, integer=True)
         check_range("seed", self.seed, 0, None, integer=True)
         check_range("ensemble", self.ensemble, 0, 32, integer=True)
+        check_range("head_alpha", self.head_alpha, 0, 1, lo_open=True)
         if self.ensemble == 1:
             from rlhf_mlflow.core.errors import InputError
             raise InputError("ensemble must be 0 (none) or at least 2 members: one member has no spread")
@@ -113,6 +118,7 @@ def fine_tune(parent_dir: str, rows: list[dict], weights: torch.Tensor, cfg: Rep
     torch.manual_seed(cfg.seed)
     gen = torch.Generator().manual_seed(cfg.seed + 1)
     rm, _ = R.load_rm(parent_dir)
+    rm.label_head = None  # the trunk is fine-tuned; a label head is fitted afresh (label_head_fit.py)
     if new_head:
         for layer in rm.head:
             if hasattr(layer, "reset_parameters"):
@@ -164,24 +170,6 @@ def kind_weights(parent_dir: str, kinds: dict[str, list[dict]]) -> dict[str, flo
     return {k: ref / v for k, v in mse.items()}
 
 
-def pearson_interval(x: torch.Tensor, y: torch.Tensor) -> dict:
-    """Pearson r with its Fisher-z 95% interval (n >= 4; else r only, the interval the whole range).
-    Scores that do not vary rank nothing: r = 0."""
-    n = int(x.numel())
-    r = pearson(x, y) if n >= 3 else float("nan")
-    if math.isnan(r):
-        return {"r": 0.0, "lo": -1.0, "hi": 1.0, "n": n}
-    if n < 4:
-        return {"r": r, "lo": -1.0, "hi": 1.0, "n": n}
-    z, half = math.atanh(max(min(r, 0.999999), -0.999999)), 1.96 / math.sqrt(n - 3)
-    return {"r": r, "lo": math.tanh(z - half), "hi": math.tanh(z + half), "n": n}
-
-
-def per_family_agreement(scores: torch.Tensor, labels: torch.Tensor, fam: torch.Tensor) -> dict[str, dict]:
-    return {f: pearson_interval(scores[fam == i], labels[fam == i])
-            for i, f in enumerate(V.FAMILIES) if int((fam == i).sum()) >= 3}
-
-
 @dataclass
 class RepairData:
     """The repair's rows, their kind ('crowd' / 'expert') and weight."""
@@ -204,9 +192,10 @@ class RepairData:
 
 def cross_validated(parent_dir: str, data: RepairData, cfg: RepairConfig,
                     on_fold: Callable[[int], None] | None = None) -> dict:
-    """Out-of-fold scores of the repaired recipe and the parent's scores on every expert label, with
-    per-family agreement of each and their paired difference:
-    {"child": {F: {r, lo, hi, n}}, "parent": {...}, "difference": {F: {diff, lo, hi, n}}}."""
+    """Out-of-fold scores of the repaired recipe (the fine-tuned trunk, and with cfg.label_head the label
+    head stacked on it: label_head_fit.py) and the parent's scores on every expert label, with per-family
+    agreement of each and their paired difference: {"child": {F: {r, lo, hi, n}}, "parent": {...},
+    "difference": {F: {diff, lo, hi, n}}, "head": HeadFit or None}."""
     idx = data.expert_index()
     experts = [data.rows[int(i)] for i in idx]
     folds = fold_of(experts, cfg.folds, cfg.seed)
@@ -220,35 +209,13 @@ def cross_validated(parent_dir: str, data: RepairData, cfg: RepairConfig,
         rm = fine_tune(parent_dir, data.rows, weights, cfg)
         held = folds == k
         child[held] = R.score(rm, ids[held, :V.PROMPT_LEN], ids[held, V.PROMPT_LEN:])
+    head = fit_head(ids, y, child, folds, cfg.head_alpha) if cfg.label_head else None
+    if head is not None:
+        child = head.oof
     parent_rm, _ = R.load_rm(parent_dir)
     parent = R.score(parent_rm, ids[:, :V.PROMPT_LEN], ids[:, V.PROMPT_LEN:])
     return {"child": per_family_agreement(child, y, fam), "parent": per_family_agreement(parent, y, fam),
-            "difference": paired_difference(child, parent, y, fam, cfg.seed)}
-
-
-def paired_difference(child: torch.Tensor, parent: torch.Tensor, y: torch.Tensor, fam: torch.Tensor,
-                      seed: int, draws: int = 400) -> dict[str, dict]:
-    """Per family: child r minus parent r on the same labels, with a paired bootstrap 95% interval."""
-    gen = torch.Generator().manual_seed(seed + 11)
-    out = {}
-    for i, f in enumerate(V.FAMILIES):
-        m = (fam == i).nonzero().flatten()
-        if len(m) < 4:
-            continue
-        c, p, t = child[m], parent[m], y[m]
-        point = _r(c, t) - _r(p, t)
-        boot = torch.randint(0, len(m), (draws, len(m)), generator=gen)
-        diffs = torch.tensor([_r(c[b], t[b]) - _r(p[b], t[b]) for b in boot])
-        diffs = diffs[torch.isfinite(diffs)]
-        lo, hi = (float(torch.quantile(diffs, 0.025)), float(torch.quantile(diffs, 0.975))) if len(diffs) else (-2.0, 2.0)
-        out[f] = {"diff": point, "lo": lo, "hi": hi, "n": len(m)}
-    return out
-
-
-def _r(x: torch.Tensor, y: torch.Tensor) -> float:
-    """Pearson r (train_rm.pearson); 0 where either side does not vary (constant scores rank nothing)."""
-    r = pearson(x, y)
-    return 0.0 if math.isnan(r) else r
+            "difference": paired_difference(child, parent, y, fam, cfg.seed), "head": head}
 
 
 def repair(parent_dir: str, crowd: list[dict], experts: list[dict], rules: list[dict], cfg: RepairConfig,
@@ -259,9 +226,14 @@ def repair(parent_dir: str, crowd: list[dict], experts: list[dict], rules: list[
     kind weights, cross-validated agreement."""
     data = RepairData.build(parent_dir, remove_premiums(crowd, rules) + list(anchors or []), experts, cfg)
     cv = cross_validated(parent_dir, data, cfg, on_fold)
+    head = cv.pop("head")
     rm = fine_tune(parent_dir, data.rows, data.weights, cfg, on_log)
+    rm.label_head = head.head if head is not None else None
     counts = {k: data.kinds.count(k) for k in ("crowd", "expert")}
-    return rm, {"kind_weight": data.kind_weight, "rows": counts, "agreement": cv}
+    info = {"kind_weight": data.kind_weight, "rows": counts, "agreement": cv}
+    if head is not None:
+        info["label_head"] = head.report
+    return rm, info
 
 
 REPORT = "repair.json"
