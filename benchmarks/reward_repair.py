@@ -78,8 +78,14 @@ class WorldRun:
         self.prompts = D.read_jsonl(world.prompts_train)
         os.makedirs(work, exist_ok=True)
 
-    def correction(self, rm_dir: str, tag: str) -> tuple[str | None, list[dict]]:
-        diag = run_diagnostic(rm_dir, self.world.policy, self.world.prompts_train)
+    def correction(self, rm_dir: str, tag: str, experts: list[dict] | None = None) -> tuple[str | None, list[dict]]:
+        """The diagnostic -> correction of a reward model; `experts`: the labels a repair learned from,
+        which credit what they show to be correctness (as repair_rm's audit of its child)."""
+        gold = None
+        if experts:
+            gold = os.path.join(self.work, f"experts-{tag}.jsonl")
+            D.write_jsonl(gold, experts)
+        diag = run_diagnostic(rm_dir, self.world.policy, self.world.prompts_train, gold_path=gold)
         rules = fit_corrections(diag, self.qa)
         path = os.path.join(self.work, f"correction-{tag}.py")
         write_wrapper(rules, path)
@@ -138,7 +144,7 @@ def run_method(w: WorldRun, method: str, rounds: int, per_family: int, repeat: i
         rm, info = RR.repair(root, w.qa, w.gold + labels, rules, cfg, anchors=anchors)
         child = os.path.join(w.work, f"rm-{method}-{repeat}-r{r}")
         RR.save_repaired(rm, R.load_rm(root)[1], w.qa, info, child)
-        wrapper, child_rules = w.correction(child, f"{method}-{repeat}-r{r}")
+        wrapper, child_rules = w.correction(child, f"{method}-{repeat}-r{r}", w.gold + labels)
         gate = rm_gate.evaluate(info["agreement"], rules, child_rules)
         record = {"round": r, "labels": len(labels), "refused": rm_gate.summary(gate) if rm_gate.refused(gate) else "",
                   "agreement": statistics.mean(v["r"] for v in info["agreement"]["child"].values())}

@@ -104,7 +104,11 @@ def run_repair_rm(world: WorldPaths, labels: list[str], out: str, diagnostic: st
         logger.flush()
         members = _ensemble(parent_dir, qa, gold + experts_bought, rules, cfg, anchors, info, echo)
         RR.save_repaired(rm, R.load_rm(parent_dir)[1], qa, info, out, members)
-        child_diag = run_diagnostic(out, world.policy, world.prompts_train)
+        # the repair's expert labels credit what they show to be correctness (a label head pays for
+        # tokens under attribute values: the truth's own form, not a shortcut)
+        experts_file = os.path.join(tmp, "experts.jsonl")
+        D.write_jsonl(experts_file, gold + experts_bought)
+        child_diag = run_diagnostic(out, world.policy, world.prompts_train, gold_path=experts_file)
         child_paid = fit_corrections(child_diag, qa, "the repaired model's diagnostic")
         gate = rm_gate.evaluate(info["agreement"], SR.flagged(parent_diag) if parent_diag else [], child_paid)
         _log_measurements(info, child_diag, gate)
@@ -113,7 +117,8 @@ def run_repair_rm(world: WorldPaths, labels: list[str], out: str, diagnostic: st
         T.set_tags({"rlhf.rm.parent_version": parent, "rlhf.rm.replaces": replaces or "none"})
         version = RMR.register(run.info.run_id, out, {"world_hash": _world_hash(world), "parent_version": parent,
                                                      "replaces": replaces or "none",
-                                                     "recipe": f"repair e{cfg.epochs} lr{cfg.lr:g} crowd{cfg.crowd_weight:g}",
+                                                     "recipe": f"repair e{cfg.epochs} lr{cfg.lr:g} crowd{cfg.crowd_weight:g}"
+                                                               + (f" head{cfg.head_alpha:g}" if cfg.label_head else ""),
                                                      "expert_labels": len(gold) + len(experts_bought)})
         promoted = RMR.decide(version, _failed(gate), _description(version, parent, info, gate), run.info.run_id)
         T.log_metrics({MN.REPAIR + "promoted": float(promoted)})
@@ -160,7 +165,8 @@ def _log_measurements(info: dict, child_diag: dict, gate: dict) -> None:
     rows = [{"family": f, "r": child[f]["r"], "r_lo": child[f]["lo"], "r_hi": child[f]["hi"],
              "parent_r": parent.get(f, {}).get("r"), **{f"diff_{k}": v for k, v in d.items() if k != "n"},
              "n": d["n"], "flagged_again": f in gate["shortcut"],
-             "risk": child_diag["families"].get(f, {}).get("risk")}
+             "risk": child_diag["families"].get(f, {}).get("risk"),
+             **{k: v for k, v in info.get("label_head", {}).get(f, {}).items() if k != "labels"}}
             for f, d in info["agreement"]["difference"].items()]
     T.log_table(pd.DataFrame(rows), "agreement_families.json")
     T.log_json_artifact(child_diag, "diagnostic_repaired.json")
