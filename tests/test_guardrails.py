@@ -44,8 +44,8 @@ def test_each_guardrail_fails_on_its_own_condition():
     r["families"]["dune"]["gain"] = -0.05
     results = evaluate(r)
     assert failed(results) == {"family_change"} and "dune" in results["family_change"][1]
-    assert failed(evaluate(report(kl=4.5))) == {"family_kl"}
-    assert not failed(evaluate(report(kl=3.5)))  # drift below the cap: certified from labels, it passes
+    assert failed(evaluate(report(kl=6.5))) == {"family_kl"}
+    assert not failed(evaluate(report(kl=5.5)))  # drift below the cap: certified from labels, it passes
     results = evaluate(report(shortcut=(0.2, 3.1)))
     assert failed(results) == {"marker_collapse"} and "pa" in results["marker_collapse"][1]
     r = report()

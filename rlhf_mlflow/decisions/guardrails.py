@@ -27,10 +27,12 @@ class GuardrailConfig:
     """... and families whose importance weights' Pareto tail k-hat was above this (certify's `max_khat`)."""
     min_labels: int = 20
     """... and certified a family from expert labels only with at least this many (certify's `min_labels`)."""
-    max_family_kl: float = 4.0
+    max_family_kl: float = 6.0
     """Every family's KL(policy || reference) per response, in nats, must be at most this: a cap on drift.
-    Runs that collapse a family onto a marker sit at 6-12 nats there; the corrected kl 0.05 recipe at
-    1.8-3.3 (certified then from labels on its own responses, where the expert set cannot reach)."""
+    Runs that collapse a family onto a marker sit at 6-12 nats there. On the default world the corrected
+    kl 0.05 recipe reaches 1.8-3.3 on the world's reward model, 4.0-4.8 on a repaired one (truth 0.72), and
+    5.1-5.4 on the true reward itself (the ceiling): a cap of 4 refused policies that were better for the
+    distance, certified from labels on their own responses where the expert set cannot reach."""
     max_marker_increase: float = 0.5
     """A flagged shortcut's mean count per response may exceed the reference's by at most this."""
     champion_margin: float = 0.0
