@@ -95,8 +95,9 @@ def story_store(tiny_world, tmp_path_factory):
     def run_main(root):
         # the test-scale world is too small for RL to gain 0.03 anywhere: a gain of any size is let
         # through, so that the story has a champion and refused versions
+        # one round: a repair round costs the suite minutes (tests/test_rounds.py runs one, marked slow)
         res = CliRunner().invoke(cli, ["main", "--world", tiny_world, "--steps-scale", "0.1", "--out", str(root / "out"),
-                                       "--guardrail", "min_balanced_gain=-1", "--guardrail",
+                                       "--rounds", "1", "--guardrail", "min_balanced_gain=-1", "--guardrail",
                                        "require_significant_gain=false"])
         assert res.exit_code == 0, res.output
         return res.output

@@ -114,3 +114,11 @@ def test_a_damaged_or_misshapen_head_is_a_clear_error(tmp_path):
               str(tmp_path / "rm" / LH.FILE))
     with pytest.raises(InputError, match="non-finite"):
         R.load_rm(str(tmp_path / "rm"))
+
+
+def test_an_ensemble_refuses_a_member_with_a_head_it_would_not_score():
+    from rlhf_mlflow.core.reward_ensemble import Stacked
+    members = [R.RewardModel(R.default_config()) for _ in range(2)]
+    members[1].label_head = _head(1, neural=1.0)
+    with pytest.raises(InputError, match="label head"):
+        Stacked(members)

@@ -98,10 +98,10 @@ def grade_cmd(model_version, world, n):
 @click.option("--out", default="outputs/main", show_default=True,
               help="Directory for the diagnostic evidence, the correction, the expert labels bought, each round's "
                    "reward model and the ceiling checkpoint; main_state.json says what main finished there.")
-@click.option("--label-budget", type=click.IntRange(0), default=600, show_default=True,
+@click.option("--label-budget", type=click.IntRange(0), default=1200, show_default=True,
               help="Expert labels main may buy on candidates' own responses and for repairs (0: certify from the "
                    "expert set only).")
-@click.option("--rounds", type=click.IntRange(1, 20), default=1, show_default=True,
+@click.option("--rounds", type=click.IntRange(1, 20), default=2, show_default=True,
               help="1: the story on the world's reward model; each more round repairs the reward model with every "
                    "expert label so far and trains the corrected recipes on it (docs/REPAIR.md).")
 @click.option("--guardrails", default=None, help="Comma-separated key=value guardrail thresholds for every release.")

@@ -66,6 +66,9 @@ class Stacked:
         shapes = {json.dumps(m.cfg, sort_keys=True) for m in members}
         if len(shapes) != 1:
             raise InputError("the ensemble's members differ in shape (config.json): they cannot be stacked")
+        if any(m.label_head is not None for m in members):
+            raise InputError("an ensemble member has a label head (label_head.safetensors): the stacked forward "
+                             "scores transformers only; train members without one (repair-rm --ensemble does)")
         self.cfg, self.k = dict(members[0].cfg), len(members)
         states = [m.state_dict() for m in members]
         self.w = {key: torch.stack([s[key].detach() for s in states]) for key in states[0]}
