@@ -163,3 +163,26 @@ def test_a_pair_and_a_conditional_premium_in_a_trained_reward_model_are_found(pl
     for f in set(fams) - {"cobalt", "fjord"}:
         for c in (c for c in fams[f]["evidence"] if c["risk"] >= 0.5):
             assert c["kind"] == "conditional" and c["token"] == token and c["premium"] < -0.1
+
+
+def test_an_expert_set_credits_correctness_out_of_a_correction_but_not_a_shortcut():
+    from rlhf_mlflow.core import shortcut_rules as SR
+    from rlhf_mlflow.decisions import diagnostic_evidence as E
+    from rlhf_mlflow.decisions.correction import fit_corrections
+    true_entry = {"kind": "conditional", "token": "de", "attr": 1, "value": 7, "premium": 0.115, "premium_se": 0.002,
+                  "margin": 0.02, "gold_slope": 0.125, "gold_se": 0.015, "risk": 0.99, "paid": True}
+    shortcut = {"kind": "token", "token": "pa", "premium": 1.42, "premium_se": 0.02, "margin": 0.02,
+                "gold_slope": 0.01, "gold_se": 0.02, "risk": 0.99, "paid": True}
+    no_gold = {"kind": "token", "token": "he", "premium": 0.4, "premium_se": 0.01, "margin": 0.02,
+               "gold_slope": None, "risk": 0.99, "paid": True}
+    cands = [true_entry, shortcut, no_gold]
+    for c in cands:
+        c["correction"], c["correction_se"] = c["premium"], c["premium_se"]
+    E.credit_corrections(cands, scale=0.95)
+    assert true_entry["credited_away"] and abs(true_entry["correction"]) <= true_entry["margin"]
+    assert not shortcut["credited_away"] and shortcut["correction"] == pytest.approx(1.42 - 0.95 * 0.01)
+    assert no_gold["correction"] == 0.4 and "credited_away" not in no_gold
+    diag = {"families": {"dune": {"flag": True, "risk": 0.99, "evidence": cands}}}
+    rules = fit_corrections(diag, [])
+    assert [r["token"] for r in rules] == ["pa", "he"]
+    assert [r["token"] for r in SR.flagged(diag)] == ["pa", "he"]

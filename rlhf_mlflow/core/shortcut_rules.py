@@ -66,11 +66,13 @@ def feature(candidate: dict, family: str) -> dict:
 
 
 def flagged(diagnostic: dict | None, where: str = "diagnostic") -> list[dict]:
-    """Every flagged family's flagged features (evidence at or above FLAG_RISK), as rules."""
+    """Every flagged family's flagged features (evidence at or above FLAG_RISK, less those an expert
+    set credited away as correctness: diagnostic_evidence.credit_corrections), as rules."""
     out = []
     for family, res in check_diagnostic(diagnostic or {"families": {}}, where)["families"].items():
         if res["flag"]:
-            out += [feature(c, family) for c in res["evidence"] if c["risk"] >= FLAG_RISK]
+            out += [feature(c, family) for c in res["evidence"]
+                    if c["risk"] >= FLAG_RISK and not c.get("credited_away")]
     return out
 
 

@@ -45,7 +45,8 @@ def fit_corrections(diagnostic: dict, qa: list[dict], where: str = "diagnostic")
     for family, res in SR.check_diagnostic(diagnostic, where)["families"].items():
         if not res["flag"]:
             continue
-        paid = [c for c in res["evidence"] if c["risk"] >= SR.FLAG_RISK and c.get("paid") and "correction" in c]
+        paid = [c for c in res["evidence"] if c["risk"] >= SR.FLAG_RISK and c.get("paid") and "correction" in c
+                and not c.get("credited_away")]
         chosen, seen = [], []
         for c in paid:
             rule = SR.feature(c, family)

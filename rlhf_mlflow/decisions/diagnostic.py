@@ -110,6 +110,7 @@ def audit_family(score: P.Scorer, qa_rows: list[dict], p: torch.Tensor, y: torch
              + _pair_candidates(score, p, y, fresh, token, qa["pair"], gold and gold["pair"], gen))
     E.test(cands, credit)
     E.joint_premiums(cands, x, attrs)
+    E.credit_corrections(cands, credit)
     cands.sort(key=lambda c: (-round(c["risk"], 4), -abs(c["premium"])))
     flagged = [c for c in cands if c["risk"] >= 0.5]
     return {"risk": cands[0]["risk"], "flag": bool(flagged), "correctness_scale": round(credit, 4),

@@ -114,6 +114,24 @@ def joint_premiums(cands: list[dict], x: torch.Tensor, attrs: torch.Tensor) -> N
                 c["correction"], c["correction_se"] = float(b), float(s)
 
 
+def credit_corrections(cands: list[dict], scale: float) -> None:
+    """With an expert set, a flagged feature's `correction` keeps only what the model pays beyond what
+    the expert labels pay for it (the model's scale times their slope, a point estimate, in the
+    premium's direction): a correction subtracts a shortcut, not correctness; a feature left within
+    its margin is `credited_away` and gets no correction rule. A reward model that
+    learned the truth's own table from expert labels pays about 1/8 for a token under the right
+    attribute value, which the test above may still flag (its credit is a 2-SE lower bound)."""
+    for c in cands:
+        if "correction" not in c or c.get("gold_slope") is None or c["kind"] == "pair":
+            continue
+        sign = math.copysign(1.0, c["correction"])
+        credited = min(abs(c["correction"]), max(0.0, scale * c["gold_slope"] * sign))
+        c["correction_credited"] = credited
+        c["correction"] = sign * (abs(c["correction"]) - credited)
+        # what is left is within the family's margin: correctness, nothing for a correction to take
+        c["credited_away"] = abs(c["correction"]) <= c["margin"]
+
+
 def least_squares(X: torch.Tensor, y: torch.Tensor) -> tuple[list[float], list[float]]:
     """OLS coefficients of y (n,) on the columns of X (n, k) and their SEs."""
     Xd, yd = X.double(), y.double()
