@@ -81,6 +81,13 @@ def test_portable_repair_writes_a_reward_model_the_seed_layout_loads(tiny_world,
     assert not torch.allclose(parent, R.score(ours, prompts, responses))  # it did learn something
     report = json.loads((out / "repair.json").read_text())
     assert report["rows"]["expert"] == len(D.read_jsonl(world.expert_set, labelled=True)) + 36
+    # it learnt from the expert set: certify takes no off-policy evidence from it (in-sample residuals)
+    from rlhf_mlflow.decisions.certify import IN_SAMPLE, certify
+    world_rm = certify(world.policy, world.policy, world.expert_set, rm_dir=world.reward_model)
+    repaired = certify(world.policy, world.policy, world.expert_set, rm_dir=str(out))
+    assert all(r["certifiable"] for r in world_rm["families"].values()) and world_rm["config"]["off_policy"]
+    assert not repaired["config"]["off_policy"]
+    assert all(not r["certifiable"] and r["reason"] == IN_SAMPLE for r in repaired["families"].values())
     assert set(report["agreement"]["difference"]) <= set(report["agreement"]["child"])
 
 

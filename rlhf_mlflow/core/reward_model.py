@@ -4,6 +4,8 @@ Module names, state_dict keys and config.json keys match the seed's `rlhf/reward
 """
 from __future__ import annotations
 
+import os
+
 import torch
 import torch.nn as nn
 
@@ -15,6 +17,9 @@ from rlhf_mlflow.core.model import Trunk
 
 CONFIG_KEYS = ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff", "seq_len")
 WEIGHTS = "rm.safetensors"
+REPAIR_REPORT = "repair.json"
+"""What a repair measured, beside a repaired model's weights (training/repair_rm.py): a model that carries
+one learnt from the expert set, among other labels."""
 RL_CHUNK = 32  # sequences per pass in the RL step: activations stay in a core's L2 cache (~20% faster here)
 
 
@@ -76,3 +81,8 @@ def score(rm: RewardModel, prompts_rep: torch.Tensor, responses: torch.Tensor, b
     out = [rm(torch.cat([prompts_rep[i:i + batch], responses[i:i + batch]], 1), table)
            for i in range(0, prompts_rep.shape[0], batch)]
     return torch.cat(out) if out else torch.zeros(0)
+
+
+def learnt_from_expert_set(ckpt_dir: str) -> bool:
+    """A repaired reward model (it carries REPAIR_REPORT) learnt from the expert set, among other labels."""
+    return os.path.isfile(os.path.join(ckpt_dir, REPAIR_REPORT))

@@ -25,7 +25,7 @@ family in it is.
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 import torch
@@ -91,6 +91,11 @@ class CertifyConfig:
     ESS)): the percentile bootstrap's spread fell 10-20% short of the estimator's at ESS 20-45
     (ope_math.small_sample_widening); 0 keeps the bare bootstrap. 10, then 20, left one bench world
     under 90% family coverage on expert sets the constant was not chosen on (docs/CERTIFICATION.md)."""
+    off_policy: bool = True
+    """False: the expert set certifies no family, its policy labels alone do. certify sets it when the
+    reward model learnt from the expert set (a repaired one, repair.json beside its weights): its
+    residuals there are in-sample, so the off-policy and joint estimates would be too sure; on a
+    policy's own fresh labels it is a fixed predictor like any other (docs/REPAIR.md)."""
     family_correlation: float = 0.1
     """A mix's interval (balanced, pilot) allows this correlation between its families' errors
     (ope_math.mix_widening): the bootstrap draws each family's rows on their own, as if independent,
@@ -144,6 +149,8 @@ def estimate_family(ev: dict, cfg: CertifyConfig, idx: np.ndarray) -> tuple[dict
         point = row["snips"]
         draws = (p * y[idx]).sum(1)
     row.update(support(row["ess"], row["khat"], row["pop_ess"], n, cfg))
+    if not cfg.off_policy and row["certifiable"]:
+        row.update(certifiable=False, reason=IN_SAMPLE)
     row["widening"] = O.small_sample_widening(min(row["ess"], row["pop_ess"]), cfg.ess_widening)
     draws = point + row["widening"] * (draws - point)
     lo_q, hi_q = (1 - cfg.level) / 2, (1 + cfg.level) / 2
@@ -205,6 +212,9 @@ def aggregate(rows: dict, draws: dict, ref_draws: dict, weights: dict[str, float
             "gain_hi": float(np.quantile(g, hi_q))}
 
 
+IN_SAMPLE = "the reward model learnt from the expert set: certified from policy labels only"
+
+
 def certify(policy_dir: str, reference_dir: str, gold_path: str, *, rm_dir: str | None = None,
             correction: str | RewardWrapper | None = None, diagnostic: str | dict | None = None,
             pilot_prompts: str | None = None, cfg: CertifyConfig = CertifyConfig(),
@@ -220,6 +230,8 @@ def certify(policy_dir: str, reference_dir: str, gold_path: str, *, rm_dir: str 
     the families that have enough of them by PPI (labelled.py). The report records its inputs, their
     sha256 and the rules, so that release can recompute it."""
     gold = D.read_jsonl(gold_path, labelled=True)
+    if rm_dir and cfg.off_policy and R.learnt_from_expert_set(rm_dir):
+        cfg = replace(cfg, off_policy=False)
     policy, _ = M.load_policy(policy_dir)
     reference, _ = M.load_policy(reference_dir)
     rm = R.load_rm(rm_dir)[0] if rm_dir else None

@@ -133,12 +133,15 @@ def _evaluator(world: WorldPaths, out_dir: str, diagnosis: tuple[str, str | None
                ) -> Callable[[str, dict], None]:
     """dev_eval, certify and label purchases of a candidate as it finishes (while others still train);
     once per version over a main and its resumes."""
-    inputs = {"diagnostic": diagnosis[0], "correction": diagnosis[1]}
+    base = {"diagnostic": diagnosis[0], "correction": diagnosis[1]}
 
-    def evaluate(name: str, s: dict) -> None:
+    def evaluate(name: str, s: dict, predictor: dict | None = None) -> None:
+        """`predictor`: {"rm_dir", "correction"} of a later round's repaired reward model, which certify
+        then uses on the policy's own labels (and not on the expert set it learnt from)."""
         v = str(s["model_version"])
         if state.done.get(f"evaluated/v{v}"):
             return
+        inputs = {**base, **(predictor or {})}
         # a purchase a stop cut short is made again from its first look (buy_labels): counted once
         budget.spent -= MR.labels_in(os.path.join(out_dir, f"labels-v{v}.jsonl"))
         run_dev_eval(REG.version_uri(v), world.policy, world.reward_model, world.prompts_dev, world.expert_set,

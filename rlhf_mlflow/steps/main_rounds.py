@@ -8,7 +8,9 @@ Round 1 is main's story (the world's reward model, corrected). Each later round 
      ends the rounds;
   3. corrects the repaired model by its own audit (repair_rm's diagnostic -> correction) and trains the
      corrected recipes on it;
-  4. dev_eval, certify (buying labels as round 1 does), release and grade each, as round 1 does.
+  4. dev_eval, certify (buying labels as round 1 does; the repaired model is certify's predictor on the
+     candidates' own labels, and the expert set it learnt from certifies nothing), release and grade
+     each, as round 1 does.
 It stops when the budget cannot pay for a round's repair labels, when the gate refuses the repaired
 model, or when a round does not raise the certified champion. Each round is a nested run of main's.
 A resumed main (main_resume.py) skips the rounds rounds.json holds, and in the round it stopped in
@@ -57,7 +59,8 @@ class RoundContext:
     parent_run_id: str
     steps_scale: float
     budget: LabelBudget
-    evaluate: Callable[[str, dict], None]
+    evaluate: Callable[..., None]
+    """(candidate name, its training summary[, certify's predictor {"rm_dir", "correction"}])"""
     guardrails: dict | None
     echo: Callable[[str], None]
     state: MR.MainState
@@ -126,8 +129,9 @@ def run_round(ctx: RoundContext, r: int, diagnostic: str, lead: str) -> dict | N
         record["diagnostic"] = os.path.join(ctx.out_dir, f"diagnostic-r{r}.json")
         atomic_write_json(record["diagnostic"], repaired["diagnostic"])
         wrapper = _correction(ctx, r, repaired)
+        predictor = {"rm_dir": repaired["out"], "correction": wrapper}  # certify's, on the candidates' own labels
         done = MR.train_or_reuse(_jobs(r, repaired["out"], wrapper, ctx), ctx.world, ctx.parent_run_id, ctx.state,
-                                 ctx.echo, ctx.evaluate)
+                                 ctx.echo, lambda name, s: ctx.evaluate(name, s, predictor))
         record["versions"] = [str(s["model_version"]) for s in done.values()]
         MR.release_and_grade(record["versions"], ctx.world, ctx.guardrails, ctx.state, ctx.echo)
     return record

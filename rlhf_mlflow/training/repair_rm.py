@@ -236,7 +236,7 @@ def repair(parent_dir: str, crowd: list[dict], experts: list[dict], rules: list[
     return rm, info
 
 
-REPORT = "repair.json"
+REPORT = R.REPAIR_REPORT
 """What the repair measured, beside the weights in its output directory."""
 
 
