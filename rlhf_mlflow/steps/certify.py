@@ -25,6 +25,7 @@ from rlhf_mlflow.steps.outputs import check_out
 from rlhf_mlflow.steps.reports import certification_markdown, rounded
 from rlhf_mlflow.tracking import metric_names as MN
 from rlhf_mlflow.tracking import registry as REG
+from rlhf_mlflow.tracking import rm_registry as RMR
 from rlhf_mlflow.tracking import runs as T
 
 
@@ -41,11 +42,22 @@ def world_inputs(world: WorldPaths | None, **explicit) -> dict:
     return out
 
 
+def world_input_problem(key: str, path: str, world_hash: str) -> str | None:
+    """Why `path` (certify's input `key`) is not world `world_hash`'s, or None: a file of the world as
+    its builder wrote it, or, for the reward model, a registered `rlhf-reward-model` version of that
+    world (a repaired one, byte for byte: its sha256 tag)."""
+    problem = world_file_problem(path, world_hash)
+    if problem and key == "rm_dir" and os.path.isdir(path) and RMR.find(world_hash, content_sha256(path)) is not None:
+        return None
+    return problem
+
+
 def check_world_inputs(inputs: dict, world_hash: str | None, version) -> None:
     """A version trained on a world built here is certified on that world's files as it was built
-    (its manifest's hashes), whichever options named them; InputError naming the first that is not."""
+    (its manifest's hashes), or on a reward model registered for it, whichever options named them;
+    InputError naming the first that is not."""
     for k in WORLD_INPUTS:
-        problem = world_hash and inputs.get(k) and world_file_problem(inputs[k], world_hash)
+        problem = world_hash and inputs.get(k) and world_input_problem(k, inputs[k], world_hash)
         if problem:
             raise InputError(f"--{k.replace('_', '-')}: version {version} was trained on world {world_hash}, "
                              f"and {problem}")

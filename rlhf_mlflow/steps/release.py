@@ -15,9 +15,10 @@ from collections.abc import Callable
 from rlhf_mlflow.core import shortcut_rules as SR
 from rlhf_mlflow.core.checkpoint import content_sha256
 from rlhf_mlflow.core.errors import InputError
-from rlhf_mlflow.core.world_paths import WORLD_INPUTS, world_file_problem
+from rlhf_mlflow.core.world_paths import WORLD_INPUTS
 from rlhf_mlflow.decisions import certify as C
 from rlhf_mlflow.decisions import guardrails as G
+from rlhf_mlflow.steps.certify import world_input_problem
 from rlhf_mlflow.steps.reports import (
     failed_tags,
     gate_markdown,
@@ -171,7 +172,7 @@ def recompute_certification(report: dict, version, run_id: str, trust_remote: bo
     world_hash = version.tags.get("world_hash")
     for k in WORLD_INPUTS:
         if world_hash and inputs.get(k) and k not in absent:
-            wrong = world_file_problem(inputs[k], world_hash)
+            wrong = world_input_problem(k, inputs[k], world_hash)
             if wrong:
                 raise InputError(refuse + f"its {k} is not the version's world's: {wrong}")
     if absent:
