@@ -14,6 +14,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from rlhf_mlflow.core import records as D
 from rlhf_mlflow.core.world_paths import WorldPaths
 from rlhf_mlflow.decisions import guardrails as G
 from rlhf_mlflow.decisions.certify import CertifyConfig
@@ -69,8 +70,9 @@ def buy_labels(version: str, report: dict, world: WorldPaths, certify_kwargs: di
         labels = os.path.join(out_dir, f"labels-v{version}.jsonl")
         run_label_requests(version, world, ",".join(families), k, out=requests, echo=lambda m: None)
         run_expert_label(world, requests, labels, echo=lambda m: None)
-        budget.spent += cost
-        used = k * len(families)
+        held = len(D.read_jsonl(labels, labelled=True))  # an expert set with fewer than k prompts a family: fewer
+        budget.spent += held - used
+        used = held
         report = run_certify(version=version, world=world, policy_labels=labels, echo=echo,
                              cfg=CertifyConfig(label_looks=len(ROUNDS)), **certify_kwargs)["report"]
         if decided(report):
