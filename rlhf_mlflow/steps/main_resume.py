@@ -172,7 +172,8 @@ def train_or_reuse(jobs: list[TrainJob], world: WorldPaths, parent_run_id: str, 
     """train_all, except for candidates an earlier main run of this --out trained (their registered
     version) or started (continued from its newest complete checkpoint in the same run)."""
     earlier = {}
-    for row in _children(state.earlier, "train_rl"):  # newest first: the first of a name wins
+    rounds = [row["run_id"] for row in _children(state.earlier, "round")]  # a later round's candidates are its
+    for row in _children(state.earlier + rounds, "train_rl"):  # newest first: the first of a name wins
         earlier.setdefault(row["tags.mlflow.runName"], row)
     reused, todo = {}, []
     for job in jobs:
