@@ -42,8 +42,14 @@ def indicator_index(ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return fam, flat.masked_fill(bad, -1).reshape(len(ids), -1)
 
 
+def in_block(flat: torch.Tensor, block: torch.Tensor) -> torch.Tensor:
+    """Indicator indices (N, k) within a block of PER_FAMILY (a family's) -> within all blocks laid end to
+    end, row i's in block[i] (-1 stays -1)."""
+    return torch.where(flat >= 0, flat + block[:, None] * PER_FAMILY, flat)
+
+
 def indicator_sum(coef: torch.Tensor, flat: torch.Tensor) -> torch.Tensor:
-    """Sum of one family's coefficients (PER_FAMILY,) over each row's indicators (N, k) (-1: none)."""
+    """Sum of coefficients (K,) over each row's indicators (N, k) indexing them (-1: none)."""
     return torch.where(flat >= 0, coef[flat.clamp(min=0)], coef.new_zeros(())).sum(1)
 
 
@@ -63,7 +69,6 @@ class LabelHead:
             if not bool(torch.isfinite(t).all()):
                 raise InputError(f"label head: {name} holds non-finite values")
             setattr(self, name, t)
-        self._flat = self.coef.reshape(F, PER_FAMILY)
 
     @property
     def uses_trunk(self) -> bool:
@@ -75,9 +80,7 @@ class LabelHead:
         (None when `uses_trunk` is False)."""
         fam, flat = indicator_index(ids)
         fam = fam.clamp(0, len(V.FAMILIES) - 1)
-        rows = self._flat[fam]                                                      # (N, PER_FAMILY)
-        head = torch.where(flat >= 0, rows.gather(1, flat.clamp(min=0)), rows.new_zeros(())).sum(1)
-        out = self.bias[fam] + head
+        out = self.bias[fam] + indicator_sum(self.coef.reshape(-1), in_block(flat, fam))
         return out if trunk is None else out + self.neural[fam] * trunk.to(out.dtype)
 
     def save(self, out_dir: str) -> None:

@@ -215,6 +215,14 @@ def aggregate(rows: dict, draws: dict, ref_draws: dict, weights: dict[str, float
 IN_SAMPLE = "the reward model learnt from the expert set: certified from policy labels only"
 
 
+def config_for(cfg: CertifyConfig, rm_dir: str | None) -> CertifyConfig:
+    """`cfg` as certify applies it with the reward model in `rm_dir`: without off-policy evidence when
+    that model learnt from the expert set (R.learnt_from_expert_set)."""
+    if rm_dir and cfg.off_policy and R.learnt_from_expert_set(rm_dir):
+        return replace(cfg, off_policy=False)
+    return cfg
+
+
 def certify(policy_dir: str, reference_dir: str, gold_path: str, *, rm_dir: str | None = None,
             correction: str | RewardWrapper | None = None, diagnostic: str | dict | None = None,
             pilot_prompts: str | None = None, cfg: CertifyConfig = CertifyConfig(),
@@ -230,8 +238,7 @@ def certify(policy_dir: str, reference_dir: str, gold_path: str, *, rm_dir: str 
     the families that have enough of them by PPI (labelled.py). The report records its inputs, their
     sha256 and the rules, so that release can recompute it."""
     gold = D.read_jsonl(gold_path, labelled=True)
-    if rm_dir and cfg.off_policy and R.learnt_from_expert_set(rm_dir):
-        cfg = replace(cfg, off_policy=False)
+    cfg = config_for(cfg, rm_dir)
     policy, _ = M.load_policy(policy_dir)
     reference, _ = M.load_policy(reference_dir)
     rm = R.load_rm(rm_dir)[0] if rm_dir else None

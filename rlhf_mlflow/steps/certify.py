@@ -9,12 +9,10 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Callable
-from dataclasses import replace
 
 import pandas as pd
 
 from rlhf_mlflow.core import records as D
-from rlhf_mlflow.core import reward_model as R
 from rlhf_mlflow.core.checkpoint import content_sha256
 from rlhf_mlflow.core.errors import InputError
 from rlhf_mlflow.core.files import atomic_write_json
@@ -124,8 +122,7 @@ def run_certify(version: str | None = None, policy: str | None = None, world: Wo
                         "--diagnostic": diagnostic if isinstance(diagnostic, str) else None,
                         "--world": world.root if world else None})
     wrapper = load_wrapper(inputs.get("correction"))  # the bytes hashed below are the bytes certify executes
-    if inputs.get("rm_dir") and cfg.off_policy and R.learnt_from_expert_set(inputs["rm_dir"]):
-        cfg = replace(cfg, off_policy=False)  # as certify would: the parameters logged are the ones it used
+    cfg = C.config_for(cfg, inputs.get("rm_dir"))  # as certify applies it: the parameters logged are the ones used
     params = {**inputs, "model_version": version, "policy": policy,
               "diagnostic": diagnostic if isinstance(diagnostic, str) or diagnostic is None else "(in memory)",
               **{f"{k}_sha256": content_sha256(v) for k, v in inputs.items() if k != "correction" and os.path.exists(v)},

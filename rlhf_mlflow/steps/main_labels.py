@@ -14,13 +14,13 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from rlhf_mlflow.core import records as D
 from rlhf_mlflow.core.world_paths import WorldPaths
 from rlhf_mlflow.decisions import guardrails as G
 from rlhf_mlflow.decisions.certify import CertifyConfig
 from rlhf_mlflow.steps.certify import run_certify
 from rlhf_mlflow.steps.expert_label import run_expert_label
 from rlhf_mlflow.steps.label_requests import run_label_requests
+from rlhf_mlflow.steps.main_resume import labels_in
 
 ROUNDS = (20, 30, 40, 50)
 """Labels per refused family after each round."""
@@ -70,7 +70,7 @@ def buy_labels(version: str, report: dict, world: WorldPaths, certify_kwargs: di
         labels = os.path.join(out_dir, f"labels-v{version}.jsonl")
         run_label_requests(version, world, ",".join(families), k, out=requests, echo=lambda m: None)
         run_expert_label(world, requests, labels, echo=lambda m: None)
-        held = len(D.read_jsonl(labels, labelled=True))  # an expert set with fewer than k prompts a family: fewer
+        held = labels_in(labels)  # an expert set with fewer than k prompts in a family gets fewer requests
         budget.spent += held - used
         used = held
         report = run_certify(version=version, world=world, policy_labels=labels, echo=echo,

@@ -34,11 +34,7 @@ class Blocks:
     n_blocks: int
 
     def predict(self, w: torch.Tensor, b: torch.Tensor, flat: torch.Tensor, block: torch.Tensor) -> torch.Tensor:
-        return b[block] + LH.indicator_sum(w.reshape(-1), _global(flat, block))
-
-
-def _global(flat: torch.Tensor, block: torch.Tensor) -> torch.Tensor:
-    return torch.where(flat >= 0, flat + block[:, None] * LH.PER_FAMILY, flat)
+        return b[block] + LH.indicator_sum(w.reshape(-1), LH.in_block(flat, block))
 
 
 def lasso(p: Blocks, alpha: float = ALPHA, iters: int = 5000, tol: float = 1e-6) -> tuple[torch.Tensor, torch.Tensor]:
@@ -47,7 +43,7 @@ def lasso(p: Blocks, alpha: float = ALPHA, iters: int = 5000, tol: float = 1e-6)
     Returns (w (n_blocks, PER_FAMILY), b (n_blocks,)); an indicator no row has stays 0."""
     B, K = p.n_blocks, LH.PER_FAMILY
     n = torch.bincount(p.block, minlength=B).clamp(min=1).to(torch.float64)
-    g = _global(p.flat, p.block)
+    g = LH.in_block(p.flat, p.block)
     seen, col = torch.unique(g[g >= 0], return_inverse=True)
     U = len(seen)
     cols = torch.full_like(g, U)                  # the indicators each row has, in the seen ones; U: none
