@@ -49,6 +49,34 @@ def _history_steps(run_id: str, key: str) -> list[int]:
     return sorted(m.step for m in mlflow.MlflowClient().get_metric_history(run_id, key))
 
 
+def test_a_sigterm_whose_interrupt_python_dropped_still_ends_the_run_killed(tracking_uri, monkeypatch):
+    """The handler runs wherever the main thread is; inside a weakref callback (an import lock's, under
+    load) Python drops what it raises. The step must still end KILLED, and quietly."""
+    import weakref
+
+    from rlhf_mlflow.core import process
+    monkeypatch.setattr(process, "_received", [])
+    monkeypatch.setattr(sys, "unraisablehook", sys.unraisablehook)
+    monkeypatch.setattr(signal, "signal", lambda *a: None)  # pytest's own SIGTERM handling stays as it is
+    process.handle_signals()
+    dropped = []
+    monkeypatch.setattr(process, "_prior_hook", dropped.append)
+
+    class Box:
+        pass
+    with pytest.raises(KeyboardInterrupt):
+        with T.tracked_run("probe"):
+            box = Box()
+            ref = weakref.ref(box, lambda _: process._interrupt(signal.SIGTERM, None))
+            del box  # the callback's KeyboardInterrupt is dropped here: the step's code runs on
+            assert ref() is None and process._received == [signal.SIGTERM]
+    (run,) = mlflow.search_runs(search_all_experiments=True, output_format="list")
+    assert run.info.status == "KILLED"
+    assert dropped == []  # nothing printed for the dropped interrupt
+    sys.unraisablehook(type("Info", (), {"exc_value": ValueError("other")})())
+    assert len(dropped) == 1  # any other unraisable exception is reported as before
+
+
 def test_sigterm_marks_the_run_killed_and_keeps_every_metric_point(tiny_world, tmp_path, tracking_uri):
     proc = _train(tiny_world, tmp_path / "out", tracking_uri)
     _wait_for(tmp_path / "out" / f"step_{SAVE_EVERY}", proc)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ctypes
 import os
 import socket
+import sys
 
 import torch
 
@@ -41,12 +42,40 @@ def handle_signals() -> None:
     RUNNING. Only from the main thread (signal handlers can be set nowhere else)."""
     import signal
     import threading
+    global _prior_hook
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _interrupt)
+        if sys.unraisablehook is not _unraisable:
+            _prior_hook, sys.unraisablehook = sys.unraisablehook, _unraisable
+
+
+_received: list[int] = []
+"""The signals _interrupt has turned into KeyboardInterrupt in this process."""
+_prior_hook = None
+"""The sys.unraisablehook handle_signals replaced."""
 
 
 def _interrupt(signum, frame) -> None:
+    _received.append(signum)
     raise KeyboardInterrupt(f"signal {signum}")
+
+
+def _unraisable(info) -> None:
+    """sys.unraisablehook: quiet for a KeyboardInterrupt _interrupt raised where Python drops exceptions
+    (raise_if_interrupted raises it again), every other case to the hook it replaced."""
+    if isinstance(info.exc_value, KeyboardInterrupt) and _received:
+        return
+    (_prior_hook or sys.__unraisablehook__)(info)
+
+
+def raise_if_interrupted() -> None:
+    """Raise KeyboardInterrupt again if a SIGTERM arrived. The handler's own raise can be lost: Python
+    ignores (prints and drops) an exception raised inside a weakref or import-lock callback or a
+    __del__, and the handler runs wherever the main thread is, there too (a train-rl run killed while
+    a lazy import was finishing went on to FINISHED). Checked at every training step and where a step's
+    run would end FINISHED, so a SIGTERM always ends the step as KILLED."""
+    if _received:
+        raise KeyboardInterrupt(f"signal {_received[-1]}")
 
 
 def process_tags() -> dict[str, str]:

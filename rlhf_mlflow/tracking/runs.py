@@ -14,7 +14,7 @@ from contextlib import contextmanager
 import mlflow
 
 from rlhf_mlflow.core.errors import InputError
-from rlhf_mlflow.core.process import process_tags
+from rlhf_mlflow.core.process import process_tags, raise_if_interrupted
 from rlhf_mlflow.tracking.default_experiment import EXPERIMENT, experiment_id
 from rlhf_mlflow.tracking.metric_bounds import checked
 from rlhf_mlflow.tracking.metric_logger import flush_async
@@ -82,6 +82,7 @@ def tracked_run(step: str, params: dict | None = None, tags: dict | None = None,
         if params:
             log_params(params)
         yield run
+        raise_if_interrupted()  # a SIGTERM whose KeyboardInterrupt was swallowed still kills the run
     except KeyboardInterrupt:
         _end("KILLED")
         raise

@@ -19,6 +19,7 @@ import torch
 from rlhf_mlflow.core import model as M
 from rlhf_mlflow.core import records as D
 from rlhf_mlflow.core import rollout
+from rlhf_mlflow.core.process import raise_if_interrupted
 from rlhf_mlflow.core.reward_wrapper import Transform, load_wrapper
 from rlhf_mlflow.training.batched import Member, Seat
 from rlhf_mlflow.training.family_stats import FamilyAccumulator, family_of
@@ -181,6 +182,7 @@ def train_rl(cfg: RLConfig, on_log: Callable[[int, dict], None] | None = None,
         if start == 0:
             watch(0)  # the reference's point: nothing to stop yet
         for step in range(start + 1, cfg.steps + 1):
+            raise_if_interrupted()
             records, prompts = sampler.sample(cfg.batch_prompts, rng)
             stats, responses, loss, grad_norm = learner.step(records, prompts, clock)
             acc.add(family_of(prompts).repeat_interleave(cfg.samples_per_prompt), stats, responses)
