@@ -19,7 +19,9 @@ Per world (built once, `worlds/<hash>`; SPEC is default, clean or a spec file):
     repair's data without bought labels (the crowd minus its premiums, the anchors, the expert set), each
     with a new head (training/rm_ensemble.py); the recipe trained on their mean - --penalty x spread, with
     the correction fitted on member 0 (one round: nothing changes between rounds);
-  - `both`: `repair`, and each round the ensemble on that round's data, trained on as `ensemble` is.
+  - `both`: `repair`, and each round the ensemble on that round's data sharing the repaired model's label
+    head (core/reward_ensemble.py), the recipe trained on its mean - --penalty x spread with the repaired
+    model's correction.
 Results per (world, method, repeat) go to --out as JSON (kept: a rerun skips them). Last lines:
 `ceiling_fraction: X` (median over worlds of the best method's best round's truth / ceiling) and
 `labels_per_point: Y` (the best label-buying method's labels, spent by its best round, per 0.01 of truth
@@ -104,16 +106,20 @@ class WorldRun:
             fams["spread_last"] = round(res.history[-1][1]["spread/balanced"], 4)
         return res.policy, truth["truth/balanced"], fams
 
-    def ensemble(self, root: str, rules: list[dict], labels: list[dict], tag: str, seed: int) -> tuple[str, str | None]:
-        """Members on the repair's data (root fine-tuned), saved as an ensemble; (its directory, the
-        correction fitted on member 0)."""
+    def ensemble(self, root: str, rules: list[dict], labels: list[dict], tag: str, seed: int,
+                 head=None) -> tuple[str, str | None]:
+        """Members on the repair's data (root fine-tuned), saved as an ensemble sharing the repaired model's
+        label head `head` when given; (its directory, the correction fitted on member 0, or None with a head:
+        the repaired model's correction serves)."""
         cfg = RR.RepairConfig(seed=seed, ensemble=self.members)
         anchors = RR.anchor_rows(root, self.world.policy, self.prompts, cfg.anchors, rules, cfg.seed)
         members = ensemble_for_repair(root, self.qa, self.gold + labels, rules, cfg, anchors)
         path = os.path.join(self.work, f"ensemble-{tag}")
         if os.path.exists(path):
             __import__("shutil").rmtree(path)
-        RE.save_ensemble(members, R.load_rm(root)[1], path)
+        RE.save_ensemble(members, R.load_rm(root)[1], path, head=head)
+        if head is not None:
+            return path, None
         D.write_jsonl(os.path.join(path, "member-0", "train.jsonl"), self.qa)  # the diagnostic audits member 0
         return path, self.correction(os.path.join(path, "member-0"), f"ensemble-{tag}")[0]
 
@@ -153,8 +159,9 @@ def run_method(w: WorldRun, method: str, rounds: int, per_family: int, repeat: i
             say(f"  {method} round {r}: repaired model refused ({record['refused']}): the rounds stop")
             break
         ens = None
-        if method == "both":
-            ens, wrapper = w.ensemble(root, rules, labels, f"{repeat}-r{r}", seed=repeat)
+        if method == "both":  # the members share the repaired model's head, and its correction
+            ens, member_wrapper = w.ensemble(root, rules, labels, f"{repeat}-r{r}", seed=repeat, head=rm.label_head)
+            wrapper = member_wrapper or wrapper
         policy, truth, fams = w.rl(child, wrapper, seed=100 * repeat + r, ensemble=ens)
         out.append({**record, "truth": truth, "families": fams})
         say(f"  {method} round {r}: {len(labels)} labels, agreement {record['agreement']:.3f}, truth {truth:.3f}")

@@ -122,3 +122,27 @@ def test_an_ensemble_refuses_a_member_with_a_head_it_would_not_score():
     members[1].label_head = _head(1, neural=1.0)
     with pytest.raises(InputError, match="label head"):
         Stacked(members)
+
+
+def test_an_ensemble_sharing_a_head_scores_each_member_as_that_member_with_the_head(tmp_path):
+    from rlhf_mlflow.core import reward_ensemble as RE
+    members = []
+    for seed in range(3):
+        torch.manual_seed(seed)
+        members.append(R.RewardModel(R.default_config()).eval())
+    head = _head(2, neural=0.7)
+    RE.save_ensemble(members, R.default_config(), str(tmp_path / "ens"), head=head)
+    stacked = RE.Stacked.load(str(tmp_path / "ens"))
+    assert stacked.head is not None
+    ids, _ = _rows(Truth.generate(np.random.default_rng(4)), 3, seed=5)
+    prompts, responses = ids[:, :V.PROMPT_LEN], ids[:, V.PROMPT_LEN:]
+    want = []
+    for m in members:
+        m.label_head = head
+        want.append(R.score(m, prompts, responses))
+    got = stacked.score(prompts, responses, batch=5)
+    assert torch.allclose(got, torch.stack(want), atol=1e-5)
+    for m in members:
+        m.label_head = None
+    trunks = RE.Stacked(members).score(prompts, responses)
+    assert torch.allclose(got.std(0), 0.7 * trunks.std(0), atol=1e-5)  # the spread is the head's share of the trunks'

@@ -75,13 +75,18 @@ class LabelHead:
         """False when every family's score is the head's alone (the trunk need not run)."""
         return bool((self.neural != 0).any())
 
-    def combine(self, ids: torch.Tensor, trunk: torch.Tensor | None) -> torch.Tensor:
-        """The repaired score (N,) of [prompt ; response] ids (N, T), given the trunk's scores (N,)
-        (None when `uses_trunk` is False)."""
+    def parts(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """For [prompt ; response] ids (N, T): the head's own score (N,) and the weight (N,) its family's
+        stack gives the trunk's score."""
         fam, flat = indicator_index(ids)
         fam = fam.clamp(0, len(V.FAMILIES) - 1)
-        out = self.bias[fam] + indicator_sum(self.coef.reshape(-1), in_block(flat, fam))
-        return out if trunk is None else out + self.neural[fam] * trunk.to(out.dtype)
+        return self.bias[fam] + indicator_sum(self.coef.reshape(-1), in_block(flat, fam)), self.neural[fam]
+
+    def combine(self, ids: torch.Tensor, trunk: torch.Tensor | None) -> torch.Tensor:
+        """The repaired score (N,) of [prompt ; response] ids (N, T), given the trunk's scores (N,), or
+        (..., N) for several trunks (None when `uses_trunk` is False)."""
+        own, weight = self.parts(ids)
+        return own if trunk is None else own + weight * trunk.to(own.dtype)
 
     def save(self, out_dir: str) -> None:
         with open(os.path.join(out_dir, FILE), "wb") as f:

@@ -6,6 +6,11 @@ at all (`save_ensemble`). In memory the members' weights are stacked along a lea
 every matmul of the forward pass serves all K at once (`Stacked.__call__`: ids (B, T) -> scores (K, B)),
 instead of K passes over the same batch; the same maths as each member's own forward, to float tolerance.
 
+An ensemble may carry one label head (core/label_head.py) in its directory, shared by every member: each
+member's score is then the head stacked on that member's transformer (`LabelHead.combine`), as the repaired
+model beside it scores with its own trunk, so the members spread where their transformers disagree, scaled
+by the weight the head's stack gives the transformer in that family.
+
 The conservative reward a policy is trained on is `penalised`: the members' mean minus k times their
 standard deviation (Coste et al. 2023, "Reward Model Ensembles Help Mitigate Overoptimization"): where
 the members disagree, the reward model does not know, and the policy is paid less for going there.
@@ -22,6 +27,7 @@ import torch.nn.functional as F
 from rlhf_mlflow.core import reward_model as R
 from rlhf_mlflow.core.errors import InputError, read_json
 from rlhf_mlflow.core.files import atomic_dir
+from rlhf_mlflow.core.label_head import LabelHead
 from rlhf_mlflow.core.model import attend
 
 MANIFEST = "ensemble.json"
@@ -31,15 +37,18 @@ def is_ensemble(path: str | None) -> bool:
     return bool(path) and os.path.isfile(os.path.join(path, MANIFEST))
 
 
-def save_ensemble(members: list[R.RewardModel], cfg: dict, out_dir: str, info: dict | None = None) -> None:
-    """Members as member-<i>/ seed-format directories plus ensemble.json (their names and `info`), whole or
-    not at all."""
+def save_ensemble(members: list[R.RewardModel], cfg: dict, out_dir: str, info: dict | None = None,
+                  head: LabelHead | None = None) -> None:
+    """Members as member-<i>/ seed-format directories plus ensemble.json (their names and `info`) and the
+    shared label head when given, whole or not at all."""
     if len(members) < 2:
         raise InputError(f"an ensemble needs at least 2 members, got {len(members)}")
     names = [f"member-{i}" for i in range(len(members))]
     with atomic_dir(out_dir) as tmp:
         for name, rm in zip(names, members):
             R.save_rm(rm, cfg, os.path.join(tmp, name))
+        if head is not None:
+            head.save(tmp)
         with open(os.path.join(tmp, MANIFEST), "w") as f:
             json.dump({"members": names, **(info or {})}, f, indent=1)
 
@@ -58,9 +67,10 @@ def member_dirs(path: str) -> list[str]:
 
 
 class Stacked:
-    """K reward models' weights stacked on a leading axis; calling it scores ids (B, T) -> (K, B)."""
+    """K reward models' weights stacked on a leading axis; calling it scores ids (B, T) -> (K, B), through
+    the shared label head `head` when given."""
 
-    def __init__(self, members: list[R.RewardModel]):
+    def __init__(self, members: list[R.RewardModel], head: LabelHead | None = None):
         if len(members) < 2:
             raise InputError(f"an ensemble needs at least 2 members, got {len(members)}")
         shapes = {json.dumps(m.cfg, sort_keys=True) for m in members}
@@ -68,8 +78,9 @@ class Stacked:
             raise InputError("the ensemble's members differ in shape (config.json): they cannot be stacked")
         if any(m.label_head is not None for m in members):
             raise InputError("an ensemble member has a label head (label_head.safetensors): the stacked forward "
-                             "scores transformers only; train members without one (repair-rm --ensemble does)")
-        self.cfg, self.k = dict(members[0].cfg), len(members)
+                             "scores transformers and one head shared by all, in the ensemble's own directory; "
+                             "train members without one (repair-rm --ensemble does)")
+        self.cfg, self.k, self.head = dict(members[0].cfg), len(members), head
         states = [m.state_dict() for m in members]
         self.w = {key: torch.stack([s[key].detach() for s in states]) for key in states[0]}
         # Linear weights as (K, in, out), contiguous: baddbmm copies a transposed operand on every call
@@ -87,7 +98,7 @@ class Stacked:
 
     @classmethod
     def load(cls, path: str) -> "Stacked":
-        return cls([R.load_rm(d)[0] for d in member_dirs(path)])
+        return cls([R.load_rm(d)[0] for d in member_dirs(path)], LabelHead.load(path))
 
     def _lin(self, x: torch.Tensor, name: str) -> torch.Tensor:
         """Each member's Linear `name` on its own slice of x (K, ..., in) -> (K, ..., out)."""
@@ -115,7 +126,8 @@ class Stacked:
             x = x + self._lin(a, p + "attn.out")
             x = x + self._lin(F.gelu(self._lin(self._ln(x, p + "ln2"), p + "ff.0")), p + "ff.2")
         pooled = self._ln(x, "ln").mean(2)  # (K, B, d)
-        return self._lin(F.gelu(self._lin(pooled, "head.0")), "head.2").squeeze(-1)
+        trunk = self._lin(F.gelu(self._lin(pooled, "head.0")), "head.2").squeeze(-1)
+        return trunk if self.head is None else self.head.combine(ids, trunk)
 
     def score(self, prompts_rep: torch.Tensor, responses: torch.Tensor, batch: int = 4096) -> torch.Tensor:
         """Scores (K, N) of responses (N, L) given repeated prompts (N, P)."""

@@ -248,7 +248,7 @@ def save_repaired(rm: R.RewardModel, rm_config: dict, qa: list[dict], info: dict
                   members: list[R.RewardModel] | None = None) -> None:
     """A seed-format reward-model directory (rm.safetensors, config.json, train.jsonl: the QA sample as
     given, so the diagnostic can audit the repaired model) plus repair.json and, with `members`, the
-    ensemble (ENSEMBLE_DIR), whole or not at all."""
+    ensemble (ENSEMBLE_DIR; the members share the repaired model's label head), whole or not at all."""
     import json
 
     from rlhf_mlflow.core.files import atomic_dir
@@ -256,7 +256,7 @@ def save_repaired(rm: R.RewardModel, rm_config: dict, qa: list[dict], info: dict
     with atomic_dir(out_dir) as tmp:
         R.save_rm(rm, rm_config, tmp)
         if members:
-            save_ensemble(members, rm_config, f"{tmp}/{ENSEMBLE_DIR}", {"recipe": info.get("ensemble")})
+            save_ensemble(members, rm_config, f"{tmp}/{ENSEMBLE_DIR}", {"recipe": info.get("ensemble")}, rm.label_head)
         D.write_jsonl(f"{tmp}/train.jsonl", qa)
         with open(f"{tmp}/{REPORT}", "w") as f:
             json.dump(info, f, indent=1)
