@@ -18,11 +18,8 @@ class Group(click.Group):
     interrupt (Ctrl-C, SIGTERM) into one line and exit code 130 (the run is already marked KILLED)."""
 
     def invoke(self, ctx):
-        from rlhf_mlflow.core.process import raise_if_interrupted
         try:
-            out = super().invoke(ctx)
-            raise_if_interrupted()
-            return out
+            return super().invoke(ctx)
         except InputError as e:
             raise click.ClickException(str(e)) from None
         except OSError as e:
