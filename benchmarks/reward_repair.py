@@ -35,6 +35,7 @@ import os
 import statistics
 import sys
 import time
+import zlib
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -124,7 +125,9 @@ class WorldRun:
         return path, self.correction(os.path.join(path, "member-0"), f"ensemble-{tag}")[0]
 
     def buy(self, policy: M.Policy, per_family: int, tag: str) -> list[dict]:
-        requests = draw_requests(policy, self.gold, per_family, seed=hash(tag) % 10_000, prefix=f"bench-{tag}")
+        # zlib.crc32, not hash(): str hashes are salted per process, so reruns drew other prompts
+        requests = draw_requests(policy, self.gold, per_family, seed=zlib.crc32(tag.encode()) % 10_000,
+                                 prefix=f"bench-{tag}")
         return label_requests(self.world, requests)
 
 
