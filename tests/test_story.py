@@ -131,3 +131,19 @@ def test_runs_lists_refused_certifications_with_their_reason(story):
     refused = [r for r in certify_runs if "certify/certified/balanced" not in r.data.metrics]
     assert sum("not certifiable: " in line for line in lines) == len(refused)
     assert max(map(len, lines)) <= 120
+
+
+def test_the_rounds_table_shows_each_rounds_champion_with_its_certified_quality_and_truth():
+    import pandas as pd
+
+    from rlhf_mlflow.steps.reports import rounds_markdown
+    table = pd.DataFrame([{"model_version": 1, "certified_balanced": 0.526, "certified_lo": 0.471, "certified_hi": 0.576,
+                           "truth_balanced": 0.518},
+                          {"model_version": 9, "certified_balanced": 0.734, "certified_lo": 0.703, "certified_hi": 0.763,
+                           "truth_balanced": 0.722}])
+    records = [{"round": 2, "rm_version": "2", "rm_promoted": True, "rm_agreement": 0.834, "repair_labels": 480,
+                "champion_before": 1, "labels_before": 360, "champion": 9, "labels_spent": 840}]
+    lines = rounds_markdown(records, table).strip().splitlines()
+    assert lines[-2] == "| 1 | the world's | — | v1 | 0.526 [0.471, 0.576] | 0.518 | 0 | 360 |"
+    assert lines[-1] == "| 2 | v2 (production) | 0.834 | v9 | 0.734 [0.703, 0.763] | 0.722 | 480 | 840 |"
+    assert rounds_markdown([], table) == ""

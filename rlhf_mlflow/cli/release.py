@@ -122,7 +122,7 @@ def main_cmd(ctx, world, steps_scale, out, label_budget, rounds, guardrails, gua
     from rlhf_mlflow.steps import main_resume as MR
     from rlhf_mlflow.steps.main import run_main
     from rlhf_mlflow.steps.outputs import check_out
-    from rlhf_mlflow.steps.reports import story_markdown
+    from rlhf_mlflow.steps.reports import rounds_markdown, story_markdown
     t0 = time.perf_counter()
     out = check_out(out, directory=True)  # before the default world is built; run_main checks again with it
     overrides = guardrail_overrides(guardrails, guardrail)
@@ -145,8 +145,7 @@ def main_cmd(ctx, world, steps_scale, out, label_budget, rounds, guardrails, gua
             raise click.UsageError(str(MR.SettingsMismatch(problems)))
     table = run_main(paths, out, steps_scale, echo=echo_err, label_budget=label_budget,
                      guardrails=overrides, rounds=rounds, resume=resume)
-    from rlhf_mlflow.steps.main_rounds import rounds_markdown
-    click.echo(story_markdown(table) + rounds_markdown(table.attrs.get("rounds") or []))
+    click.echo(story_markdown(table) + rounds_markdown(table.attrs.get("rounds") or [], table))
     click.echo(f"main finished in {time.perf_counter() - t0:.0f} s")
 
 

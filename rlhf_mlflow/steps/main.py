@@ -34,12 +34,11 @@ from rlhf_mlflow.steps.main_rounds import (
     labels_so_far,
     later_rounds,
     recipe_of,
-    rounds_markdown,
 )
 from rlhf_mlflow.steps.main_summary import summary_table
 from rlhf_mlflow.steps.outputs import check_out
 from rlhf_mlflow.steps.main_view import publish as publish_front_page
-from rlhf_mlflow.steps.reports import markdown_table, story_markdown
+from rlhf_mlflow.steps.reports import markdown_table, rounds_markdown, story_markdown
 from rlhf_mlflow.steps.train_rl import run_train_rl
 from rlhf_mlflow.tracking import metric_names as MN
 from rlhf_mlflow.tracking import registry as REG
@@ -155,7 +154,7 @@ def _evaluator(world: WorldPaths, out_dir: str, diagnosis: tuple[str, str | None
 def _publish(table: pd.DataFrame, records: list[dict], parent, gates: G.GuardrailConfig, labels_spent: int,
              t0: float, echo: Callable[[str], None]) -> None:
     """The story on main's run (its description, summary.md, the tables, the outcome metrics) and the front page."""
-    story = story_markdown(table) + rounds_markdown(records)
+    story = story_markdown(table) + rounds_markdown(records, table)
     loosened = G.non_default(gates)
     if loosened:  # a reader must not take a loosened gate's champion for the default gate's
         story = f"**Released under non-default guardrails: {', '.join(loosened)}**\n\n" + story

@@ -177,13 +177,13 @@ def later_rounds(ctx: RoundContext, rounds: int, diagnostic: str, corrected: lis
             record = finished[r - 2]
             ctx.echo(f"round {r}: finished before the resume (reward model v{record['rm_version']})")
         else:
-            before = REG.champion_version()
+            before, spent_before = REG.champion_version(), ctx.budget.spent
             lead = str(before.version) if before is not None else (corrected[-1] if corrected else None)
             record = run_round(ctx, r, diagnostic, lead) if lead is not None else None
             if record is None:
                 break
             after = REG.champion_version()
-            record.update({"champion_before": before.version if before else None,
+            record.update({"champion_before": before.version if before else None, "labels_before": spent_before,
                            "champion": after.version if after else None, "labels_spent": ctx.budget.spent})
             atomic_write_json(os.path.join(ctx.out_dir, "rounds.json"), records + [record])
         records.append(record)
@@ -200,14 +200,3 @@ def finished_rounds(out_dir: str) -> list[dict]:
     """The records of the rounds after the first that this --out's main finished (rounds.json)."""
     path = os.path.join(out_dir, "rounds.json")
     return read_json(path) if os.path.isfile(path) else []
-
-
-def rounds_markdown(records: list[dict]) -> str:
-    """The rounds after the first as a markdown table ('' when there were none)."""
-    if not records:
-        return ""
-    rows = "\n".join(f"| {r['round']} | v{r['rm_version']} ({'production' if r['rm_promoted'] else 'refused'}) | "
-                     f"{r['rm_agreement']:.3f} | {r.get('champion') or '-'} | {r['repair_labels']} | {r.get('labels_spent', '-')} |"
-                     for r in records)
-    return ("\n\n### Rounds\n\n| round | reward model | expert agreement (r, cross-validated) | champion | "
-            "repair labels | labels spent so far |\n|---|---|---|---|---|---|\n" + rows + "\n")

@@ -228,6 +228,30 @@ def story_markdown(table) -> str:
                                                                      "labels", "refused by", "truth"]))
 
 
+def rounds_markdown(records: list[dict], table=None) -> str:
+    """The rounds as a markdown table, round 1 (the world's reward model) first, each with its champion's
+    certified quality and truth from `table` (main's summary; '—' where it lacks them); '' when main ran
+    one round."""
+    if not records:
+        return ""
+    by_version = ({str(v): r for v, (_, r) in zip(table["model_version"], table.iterrows())}
+                  if table is not None and len(table) else {})  # the column, not the row: iterrows casts ints
+
+    def champion(v) -> str:
+        row = by_version.get(str(v))
+        if row is None:
+            return f"{f'v{v}' if v else '—'} | — | —"
+        return f"v{v} | {_story_certified(row)} | {_n(row['truth_balanced'])}"
+    first = records[0]
+    rows = [f"| 1 | the world's | — | {champion(first.get('champion_before'))} | 0 | {first.get('labels_before', '—')} |"]
+    rows += [f"| {r['round']} | v{r['rm_version']} ({'production' if r['rm_promoted'] else 'refused'}) | "
+             f"{r['rm_agreement']:.3f} | {champion(r.get('champion'))} | {r['repair_labels']} | {r.get('labels_spent', '—')} |"
+             for r in records]
+    return ("\n\n### Rounds\n\n| round | reward model | expert agreement (r, cross-validated) | champion | "
+            "certified (90%) | truth | repair labels | labels spent so far |\n|---|---|---|---|---|---|---|---|\n"
+            + "\n".join(rows) + "\n")
+
+
 def _story_certified(row) -> str:
     est, lo, hi = row["certified_balanced"], row["certified_lo"], row["certified_hi"]
     if est is None or est != est:
