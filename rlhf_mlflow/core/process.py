@@ -39,12 +39,15 @@ def retain_freed_memory() -> bool:
 def handle_signals() -> None:
     """SIGTERM (what `kill`, `timeout` and job schedulers send) raises KeyboardInterrupt, as Ctrl-C
     does, so a step's MLflow run is marked KILLED with its metrics flushed instead of being left
-    RUNNING. Only from the main thread (signal handlers can be set nowhere else)."""
+    RUNNING; both are recorded, so that an interrupt Python dropped is raised again
+    (raise_if_interrupted). Only from the main thread (signal handlers can be set nowhere else)."""
     import signal
     import threading
     global _prior_hook
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _interrupt)
+        if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not where a caller chose another
+            signal.signal(signal.SIGINT, _interrupt)
         if sys.unraisablehook is not _unraisable:
             _prior_hook, sys.unraisablehook = sys.unraisablehook, _unraisable
 
@@ -69,11 +72,11 @@ def _unraisable(info) -> None:
 
 
 def raise_if_interrupted() -> None:
-    """Raise KeyboardInterrupt again if a SIGTERM arrived. The handler's own raise can be lost: Python
+    """Raise KeyboardInterrupt again if a SIGTERM or Ctrl-C arrived. The handler's own raise can be lost: Python
     ignores (prints and drops) an exception raised inside a weakref or import-lock callback or a
     __del__, and the handler runs wherever the main thread is, there too (a train-rl run killed while
     a lazy import was finishing went on to FINISHED). Checked at every training step and where a step's
-    run would end FINISHED, so a SIGTERM always ends the step as KILLED."""
+    run would end FINISHED, so an interrupt always ends the step as KILLED."""
     if _received:
         raise KeyboardInterrupt(f"signal {_received[-1]}")
 
