@@ -237,19 +237,18 @@ def rounds_markdown(records: list[dict], table=None) -> str:
     by_version = ({str(v): r for v, (_, r) in zip(table["model_version"], table.iterrows())}
                   if table is not None and len(table) else {})  # the column, not the row: iterrows casts ints
 
-    def champion(v) -> str:
-        row = by_version.get(str(v))
-        if row is None:
-            return f"{f'v{v}' if v else '—'} | — | —"
-        return f"v{v} | {_story_certified(row)} | {_n(row['truth_balanced'])}"
+    def row(round_, model, agreement, champion, repair_labels, spent) -> dict:
+        found = by_version.get(str(champion))
+        return {"round": round_, "reward model": model, "expert agreement (r, cross-validated)": agreement,
+                "champion": f"v{champion}" if champion else None,
+                "certified (90%)": _story_certified(found) if found is not None else None,
+                "truth": found["truth_balanced"] if found is not None else None,
+                "repair labels": repair_labels, "labels spent so far": spent}
     first = records[0]
-    rows = [f"| 1 | the world's | — | {champion(first.get('champion_before'))} | 0 | {first.get('labels_before', '—')} |"]
-    rows += [f"| {r['round']} | v{r['rm_version']} ({'production' if r['rm_promoted'] else 'refused'}) | "
-             f"{r['rm_agreement']:.3f} | {champion(r.get('champion'))} | {r['repair_labels']} | {r.get('labels_spent', '—')} |"
-             for r in records]
-    return ("\n\n### Rounds\n\n| round | reward model | expert agreement (r, cross-validated) | champion | "
-            "certified (90%) | truth | repair labels | labels spent so far |\n|---|---|---|---|---|---|---|---|\n"
-            + "\n".join(rows) + "\n")
+    rows = [row(1, "the world's", None, first.get("champion_before"), 0, first.get("labels_before"))]
+    rows += [row(r["round"], f"v{r['rm_version']} ({'production' if r['rm_promoted'] else 'refused'})",
+                 r["rm_agreement"], r.get("champion"), r["repair_labels"], r.get("labels_spent")) for r in records]
+    return "\n\n### Rounds\n\n" + markdown_table(pd.DataFrame(rows, dtype=object))  # object: ints stay ints
 
 
 def _story_certified(row) -> str:
