@@ -1,4 +1,4 @@
-"""The label head (core/label_head.py, training/label_head_fit.py): the lasso it is fitted by, what it
+"""The label head (core/label_head.py, core/label_head_fit.py): the lasso it is fitted by, what it
 recovers from labels, and how it travels beside a seed-format reward model."""
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from rlhf_mlflow.core import label_head as LH
 from rlhf_mlflow.core import reward_model as R
 from rlhf_mlflow.core import vocab as V
 from rlhf_mlflow.core.errors import InputError
-from rlhf_mlflow.training import label_head_fit as HF
+from rlhf_mlflow.core import label_head_fit as HF
 from rlhf_mlflow.world.truth import Truth
 
 

@@ -28,7 +28,7 @@ from rlhf_mlflow.core import reward_model as R
 from rlhf_mlflow.core import shortcut_rules as SR
 from rlhf_mlflow.core import vocab as V
 from rlhf_mlflow.core.config import check_range
-from rlhf_mlflow.training.label_head_fit import ALPHA, fit_head
+from rlhf_mlflow.core.label_head_fit import ALPHA, fit_head
 from rlhf_mlflow.training.rm_agreement import paired_difference, per_family_agreement
 
 OnLog = Callable[[int, dict], None]

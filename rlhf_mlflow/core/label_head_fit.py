@@ -7,7 +7,8 @@ the head's out-of-fold scores are stacked: y ~ a * trunk + c * head + b by least
 >= 0), so the head counts as much as it predicts labels it did not see, and the trunk keeps its weight
 where the labels are too few to say more. The stacked out-of-fold scores are the repaired model's
 cross-validated scores (the gate's agreement; the two stacking weights per family are fitted on them,
-a small optimism with hundreds of labels per family).
+a small optimism with hundreds of labels per family). `cross_fitted_heads`: one head per fold, fitted
+without it, for certify's cross-fitted predictor (decisions/cross_fit.py).
 """
 from __future__ import annotations
 
@@ -128,7 +129,52 @@ def fit_head(ids: torch.Tensor, y: torch.Tensor, trunk_oof: torch.Tensor, folds:
     them apply to the full fine-tune's trunk), with rows split by `folds` (N,) in 0..k-1."""
     fam, flat = LH.indicator_index(ids)
     F, n_folds = len(V.FAMILIES), int(folds.max()) + 1
-    # blocks: (fold k, family f) = the family's rows outside fold k, k < n_folds; then each family's all rows
+    w, b, head_oof = _fold_fits(fam, flat, y, folds, alpha)
+    head, oof, report = _stacked(fam, y, trunk_oof, head_oof, w[n_folds * F:], b[n_folds * F:])
+    return HeadFit(head, oof, report)
+
+
+def cross_fitted_heads(ids: torch.Tensor, y: torch.Tensor, trunk: torch.Tensor, folds: torch.Tensor,
+                       alpha: float = ALPHA) -> list[LH.LabelHead]:
+    """One head per fold k of `folds` (N,) in 0..k-1, for predicting fold k's rows, fitted on the other
+    folds' rows alone: per family the trunk's scores (N,) calibrated by least squares, and the lasso of
+    what the calibrated trunk leaves (its residuals). No label of fold k enters fold k's head (stacking by
+    out-of-fold scores, as fit_head does, would let them in through the other folds' heads)."""
+    fam, flat = LH.indicator_index(ids)
+    F, n_folds = len(V.FAMILIES), int(folds.max()) + 1
+    rows, blocks, target, calib = [], [], [], []
+    for k in range(n_folds):
+        keep = (folds != k).nonzero().flatten()
+        a, b = _calibration(y[keep], trunk[keep], fam[keep], F)
+        rows.append(keep)
+        blocks.append(fam[keep] + k * F)
+        target.append(y[keep] - a[fam[keep]] * trunk[keep] - b[fam[keep]])
+        calib.append((a, b))
+    r, blk = torch.cat(rows), torch.cat(blocks)
+    w, b = lasso(Blocks(flat[r], blk, torch.cat(target).float(), n_folds * F), alpha)
+    return [LH.LabelHead(w[k * F:(k + 1) * F].reshape(LH.SHAPE), a_k, b[k * F:(k + 1) * F] + b_k)
+            for k, (a_k, b_k) in enumerate(calib)]
+
+
+def _calibration(y: torch.Tensor, trunk: torch.Tensor, fam: torch.Tensor, F: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per family, (slope, intercept) of y ~ trunk by least squares (slope 0 where the trunk is constant)."""
+    a, b = torch.zeros(F), torch.zeros(F)
+    for f in range(F):
+        m = fam == f
+        if not bool(m.any()):
+            continue
+        t, v = trunk[m].double(), y[m].double()
+        var = float(((t - t.mean()) ** 2).mean())
+        a[f] = 0.0 if var <= 1e-12 else float(((t - t.mean()) * (v - v.mean())).mean()) / var
+        b[f] = float(v.mean()) - float(a[f]) * float(t.mean())
+    return a, b
+
+
+def _fold_fits(fam: torch.Tensor, flat: torch.Tensor, y: torch.Tensor, folds: torch.Tensor,
+               alpha: float = ALPHA) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The lasso of every (fold k, family) block on the rows outside fold k and of every family on all its
+    rows (blocks after the folds'), in one FISTA; with each row's out-of-fold score."""
+    F, n_folds = len(V.FAMILIES), int(folds.max()) + 1
     rows, blocks = [], []
     for k in range(n_folds):
         keep = (folds != k).nonzero().flatten()
@@ -143,18 +189,26 @@ def fit_head(ids: torch.Tensor, y: torch.Tensor, trunk_oof: torch.Tensor, folds:
     for k in range(n_folds):
         held = folds == k
         head_oof[held] = prob.predict(w[k * F:(k + 1) * F], b[k * F:(k + 1) * F], flat[held], fam[held])
+    return w, b, head_oof
+
+
+def _stacked(fam: torch.Tensor, y: torch.Tensor, trunk: torch.Tensor, head_oof: torch.Tensor,
+             w: torch.Tensor, b: torch.Tensor) -> tuple[LH.LabelHead, torch.Tensor, dict]:
+    """The head of lasso coefficients (w (F, PER_FAMILY), b (F,)) stacked on the trunk per family:
+    y ~ a * trunk + c * head_oof + b0; with the rows' stacked scores and the weights per family. A family
+    with fewer than 4 rows keeps the trunk alone."""
+    F = len(V.FAMILIES)
     coef, neural, bias = torch.zeros(F, LH.PER_FAMILY), torch.zeros(F), torch.zeros(F)
     oof, report = torch.zeros(len(y)), {}
-    full_w, full_b = w[n_folds * F:], b[n_folds * F:]
     for f in range(F):
         m = fam == f
         if int(m.sum()) < 4:  # too few labels to say anything: the trunk alone
             neural[f] = 1.0
-            oof[m] = trunk_oof[m]
+            oof[m] = trunk[m]
             continue
-        a, c, b0 = stack(y[m], trunk_oof[m], head_oof[m])
-        coef[f], neural[f], bias[f] = c * full_w[f], a, b0 + c * float(full_b[f])
-        oof[m] = a * trunk_oof[m] + c * head_oof[m] + b0
+        a, c, b0 = stack(y[m], trunk[m], head_oof[m])
+        coef[f], neural[f], bias[f] = c * w[f], a, b0 + c * float(b[f])
+        oof[m] = a * trunk[m] + c * head_oof[m] + b0
         report[V.FAMILIES[f]] = {"trunk_weight": round(a, 4), "head_weight": round(c, 4),
-                                 "indicators": int((full_w[f] != 0).sum()), "labels": int(m.sum())}
-    return HeadFit(LH.LabelHead(coef.reshape(LH.SHAPE), neural, bias), oof, report)
+                                 "indicators": int((w[f] != 0).sum()), "labels": int(m.sum())}
+    return LH.LabelHead(coef.reshape(LH.SHAPE), neural, bias), oof, report
