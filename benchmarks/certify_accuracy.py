@@ -216,7 +216,9 @@ def evaluate_world(world: str, a: argparse.Namespace) -> list[dict]:
                     arrays = {f: C.label_arrays(off[f], evidence[f], labels[f], rm, wrapper, cfg) for f in labels}
                     rows += reference_rows(cell, arrays, truth, xp, cfg.level, a.ppi_py)
                     if a.arrays is not None:
+                        ours_arrays = {f: C.predictor_arrays(off[f], evidence[f], labels[f], rm, wrapper, cfg) for f in labels}
                         a.arrays.append({**cell, "truth": truth, "truth_xp": xp, "off": off, "arrays": arrays,
+                                         "ours_arrays": ours_arrays,
                                          "evidence": {f: {key: evidence[f][key] for key in KEPT} for f in evidence}})
                 show(setting["seed"], size, k, name, truth, rep["balanced"], time.perf_counter() - t)
     return rows

@@ -18,11 +18,13 @@ KEPT = ("log_ratios", "labels", "scores", "policy_scores", "pop_ess", "prompts")
 def ours(cell: dict, cfg: C.CertifyConfig) -> dict:
     """{family: row, "balanced": row} as certify computes them from the cell's labels and evidence."""
     rows, draws = {}, {}
-    for f, (f_unl, f_lab, y, at) in cell["arrays"].items():
+    crossed = cfg.label_folds and "ours_arrays" in cell   # kept before estimator 7: the reward model's arrays
+    for f, arrays in (cell["ours_arrays"] if crossed else cell["arrays"]).items():
+        f_unl, f_lab, y, at, f_expert = arrays if crossed else (*arrays, None)
         row, ev = cell["off"][f], cell["evidence"][f]
         rng = np.random.default_rng([cfg.seed, 1 + V.FAMILIES.index(f)])
         rows[f], draws[f] = L.with_policy_labels(row, f_unl, f_lab, y, ev["labels"], C.label_rule(cfg), cfg.n_boot,
-                                                 rng, at, C.expert_evidence(row, ev, cfg))
+                                                 rng, at, C.expert_evidence(row, ev, cfg, f_expert))
     if len(rows) == len(V.FAMILIES) and all(d is not None or not rows[f]["certifiable"] for f, d in draws.items()):
         zeros = {f: np.zeros(cfg.n_boot) for f in rows}   # the gain's draws: not reported here
         rows["balanced"] = C.aggregate(rows, draws, zeros, {f: 1.0 for f in V.FAMILIES}, cfg)

@@ -45,15 +45,16 @@ from rlhf_mlflow.decisions.label_requests import read_labels
 from rlhf_mlflow.decisions.evidence import families_evidence, family_evidence, fixed_evidence  # noqa: F401 (certify's API)
 from rlhf_mlflow.decisions.overlap import support
 from rlhf_mlflow.decisions.overlap import weight_support as _weight_support
-from rlhf_mlflow.decisions.policy_labels import expert_evidence, label_arrays, label_rule, with_labels  # noqa: F401
+from rlhf_mlflow.decisions.policy_labels import (expert_evidence, label_arrays, label_rule, predictor_arrays,  # noqa: F401
+                                                 with_labels)
 
 
-ESTIMATOR_VERSION = 6
+ESTIMATOR_VERSION = 7
 """Which estimator wrote a report (release recomputes it): 1 the bare bootstrap, 2 the ESS widening
 (issue 19), 3 PPI's variance over prompts and its widening (issue 17), 4 the labelled interval's skew
 correction and the ESS widening's k 20 -> 30, 5 the mixes' allowance for correlated family errors,
-6 policy labels joined with the expert set where it vouches, and the sequential rule (issue 31).
-A report without it was written by 1 or 2."""
+6 policy labels joined with the expert set where it vouches, and the sequential rule (issue 31),
+7 the labelled predictor's label head, cross-fitted by prompt (cross_fit.py). A report without it was written by 1 or 2."""
 
 
 @dataclass(frozen=True)
@@ -84,6 +85,10 @@ class CertifyConfig:
     label_combine: bool = True
     """A family the expert set can vouch for is certified from the expert set and its policy labels
     together (combine.py, from labelled.MIN_COMBINED_LABELS labels); False: from the labels alone."""
+    label_folds: int = 10
+    """Labelled certification's predictor: the reward model with a label head learned from the expert set
+    and the policy labels, cross-fitted over this many folds of the family's prompts (cross_fit.py); 0:
+    the calibrated reward model alone (estimator 6)."""
     label_widening: float = L.LABEL_WIDENING
     """Labelled (PPI) intervals are widened about the estimate by this factor (labelled.LABEL_WIDENING)."""
     ess_widening: float = 30.0
@@ -113,6 +118,9 @@ class CertifyConfig:
         check_range("min_labels", self.min_labels, 2, integer=True)
         check_range("label_looks", self.label_looks, 1, integer=True)
         check_range("label_sequential", self.label_sequential, 0, integer=True)
+        check_range("label_folds", self.label_folds, 0, integer=True)
+        if self.label_folds == 1:
+            raise InputError("label_folds must be 0 (the reward model alone) or >= 2 (cross-fitted), got 1")
         check_range("ess_widening", self.ess_widening, 0)
         check_range("label_widening", self.label_widening, 1)
         check_range("family_correlation", self.family_correlation, 0, 1)

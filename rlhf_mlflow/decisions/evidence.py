@@ -54,6 +54,8 @@ def families_evidence(policy, reference, rm, wrapper, by_family: dict[str, list[
         ev = {"log_ratios": (policy_lp[mine] - fixed_f["ref_logprobs"]).double().numpy(),
               "labels": np.array([r["label"] for r in gold], float),
               "prompts": [tuple(r["attrs"]) for r in gold],
+              "ids": torch.cat([prompts[mine], D.responses_tensor(gold)], 1),
+              "policy_ids": torch.cat([prompts_rep[samples], own[samples]], 1),
               "kl": float(own_lw[samples].mean()), "pop_ess": O.population_ess(own_lw[samples], len(gold)),
               "shortcuts": [_with_policy_count(rule, prompts_rep[samples], own[samples]) for rule in counted]}
         if rm is not None:

@@ -254,6 +254,7 @@ def _comparable(report: dict) -> dict:
 def _certify_config(report: dict) -> C.CertifyConfig:
     """The config a report was certified with; one written before the interval widenings (issues 19
     and 17) has no `ess_widening` / `label_widening`, one before estimator 5 no `family_correlation`, one
-    before estimator 6 no `label_combine`, and was certified without them."""
+    before estimator 6 no `label_combine`, one before estimator 7 no `label_folds`, and was certified
+    without them."""
     return C.CertifyConfig(**{"ess_widening": 0.0, "label_widening": 1.0, "family_correlation": 0.0,
-                              "label_combine": False, **report.get("config", {})})
+                              "label_combine": False, "label_folds": 0, **report.get("config", {})})
