@@ -46,7 +46,7 @@ def main() -> None:
     ap.add_argument("--seeds", default="0", help="label draws (label-requests' seed), comma-separated")
     a = ap.parse_args()
     world = WorldPaths.at(a.world)
-    rm_dir = a.rm_dir or os.path.join(a.world, "reward_model")
+    rm_dir = a.rm_dir or world.reward_model
     gold = D.read_jsonl(world.expert_set, labelled=True)
     policy = M.load_policy(a.policy)[0]
     n_fam = len(D.group_by_family(gold))
@@ -59,7 +59,7 @@ def main() -> None:
             for looks in ints(a.looks):
                 for folds in ints(a.folds):
                     cfg = replace(C.CertifyConfig(), label_looks=looks, label_folds=folds)
-                    r = C.certify(a.policy, os.path.join(a.world, "policy"), world.expert_set, rm_dir=rm_dir,
+                    r = C.certify(a.policy, world.policy, world.expert_set, rm_dir=rm_dir,
                                   correction=a.correction, cfg=cfg, policy_labels=path)
                     b = r["balanced"]
                     fams = [(row["hi"] - row["lo"]) / 2 for row in r["families"].values() if row["certifiable"]]

@@ -141,23 +141,26 @@ def cross_fitted_heads(ids: torch.Tensor, y: torch.Tensor, trunk: torch.Tensor, 
     what the calibrated trunk leaves (its residuals). No label of fold k enters fold k's head (stacking by
     out-of-fold scores, as fit_head does, would let them in through the other folds' heads)."""
     fam, flat = LH.indicator_index(ids)
-    F, n_folds = len(V.FAMILIES), int(folds.max()) + 1
-    rows, blocks, target, calib = [], [], [], []
-    for k in range(n_folds):
-        keep = (folds != k).nonzero().flatten()
-        a, b = _calibration(y[keep], trunk[keep], fam[keep], F)
-        rows.append(keep)
-        blocks.append(fam[keep] + k * F)
-        target.append(y[keep] - a[fam[keep]] * trunk[keep] - b[fam[keep]])
-        calib.append((a, b))
+    F = len(V.FAMILIES)
+    rows, blocks = _without_each_fold(fam, folds)
+    calib = [_calibration(y[keep], trunk[keep], fam[keep], F) for keep in rows]
+    target = [y[keep] - a[fam[keep]] * trunk[keep] - b[fam[keep]] for keep, (a, b) in zip(rows, calib)]
     r, blk = torch.cat(rows), torch.cat(blocks)
-    w, b = lasso(Blocks(flat[r], blk, torch.cat(target).float(), n_folds * F), alpha)
+    w, b = lasso(Blocks(flat[r], blk, torch.cat(target).float(), len(rows) * F), alpha)
     return [LH.LabelHead(w[k * F:(k + 1) * F].reshape(LH.SHAPE), a_k, b[k * F:(k + 1) * F] + b_k)
             for k, (a_k, b_k) in enumerate(calib)]
 
 
+def _without_each_fold(fam: torch.Tensor, folds: torch.Tensor) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Per fold k of `folds` (0..k-1), the rows outside it and their lasso block (fold k, family): k * F + family."""
+    F = len(V.FAMILIES)
+    rows = [(folds != k).nonzero().flatten() for k in range(int(folds.max()) + 1)]
+    return rows, [fam[keep] + k * F for k, keep in enumerate(rows)]
+
+
 def _calibration(y: torch.Tensor, trunk: torch.Tensor, fam: torch.Tensor, F: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per family, (slope, intercept) of y ~ trunk by least squares (slope 0 where the trunk is constant)."""
+    """Per family, (slope, intercept) of y ~ trunk by least squares (slope 0 where the trunk is constant): the
+    torch form of decisions/ope_math.linear_calibration, which core cannot import."""
     a, b = torch.zeros(F), torch.zeros(F)
     for f in range(F):
         m = fam == f
@@ -175,11 +178,7 @@ def _fold_fits(fam: torch.Tensor, flat: torch.Tensor, y: torch.Tensor, folds: to
     """The lasso of every (fold k, family) block on the rows outside fold k and of every family on all its
     rows (blocks after the folds'), in one FISTA; with each row's out-of-fold score."""
     F, n_folds = len(V.FAMILIES), int(folds.max()) + 1
-    rows, blocks = [], []
-    for k in range(n_folds):
-        keep = (folds != k).nonzero().flatten()
-        rows.append(keep)
-        blocks.append(fam[keep] + k * F)
+    rows, blocks = _without_each_fold(fam, folds)
     rows.append(torch.arange(len(y)))
     blocks.append(fam + n_folds * F)
     r, blk = torch.cat(rows), torch.cat(blocks)
