@@ -6,12 +6,13 @@
 Runs the arms of ARMS (B=16 x G=8): the seed-faithful loop, train_rl as it runs by default, train_rl
 held to one process on one thread, train_rl in one process at the run's threads (RLHF_PARTNER=off), and
 --batch runs trained together in one process (training/batched.py; policy-steps/s against the seed loop's,
-which is the seed loop running them one after another).
+which is the seed loop running them one after another), and --batch runs split between two one-thread
+worker processes, batched in each (benchmarks/batched_workers.py: how `main` trains its candidates).
 Each repeat runs every arm once, in an order that rotates between repeats; ratios are taken within a
 repeat. Prints per arm and repeat steps/s, the per-step split and the machine around it (1-min load
 before->after, CPU steal, CPUs others used: benchmarks/machine_load.py); per arm the ratios to the
 seed loop (median, range); the other steps' times; a markdown table; a WARNING naming the busy repeats;
-`batched_verdict:` and `batched_speedup: X.XX (range A-B, ...)` (target 5.0); `verdict: met` / `not met`
+`batched_verdict:` and `batched_speedup: X.XX (range A-B, ...)` (the workers' arm; target 5.0); `verdict: met` / `not met`
 (median ours / seed against --target) / `none: machine busy (repeats ...)`; and last
 `speedup: X.XX (range A-B, median of N paired repeats; load ...)`.
 With --watch-every N: train_rl without and with the over-optimisation watch every N steps (the expert
@@ -35,6 +36,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 
 from benchmarks import machine_load, paired, seed_loop  # noqa: E402
+from benchmarks.batched_workers import Workers  # noqa: E402
 from rlhf_mlflow.core import model as M  # noqa: E402
 from rlhf_mlflow.core import records as D  # noqa: E402
 from rlhf_mlflow.core import reward_model as R  # noqa: E402
@@ -123,14 +125,45 @@ def _batched(cfg: RLConfig, t: dict) -> int:
     return BATCH * cfg.steps
 
 
+_WORKERS: Workers | None = None
+"""The batched_2w and runs_2w arms' worker processes, started at its first (warm-up) run and kept to the end."""
+
+
+def _workers() -> Workers:
+    global _WORKERS
+    if _WORKERS is None:
+        _WORKERS = Workers()
+    return _WORKERS
+
+
+def _batched_workers(cfg: RLConfig, t: dict) -> int:
+    """BATCH runs split between two one-thread worker processes, each share batched in its worker."""
+    return _workers().train(cfg, BATCH, t)
+
+
+def _runs_workers(cfg: RLConfig, t: dict) -> int:
+    """The same BATCH runs in the same workers, unbatched: one after another in each."""
+    return _workers().train(cfg, BATCH, t, batched=False)
+
+
+def own_cpu_seconds() -> float:
+    """This process's CPU seconds, its reaped children's and the batched_2w workers'."""
+    return machine_load.own_cpu_seconds() + (_WORKERS.cpu_seconds() if _WORKERS is not None else 0.0)
+
+
 BASE = "seed"
+BATCHED = "batched_2w"
+"""The arm batched_speedup is read from: the runs batched as main trains them."""
 ARMS = (Arm(BASE, "seed-faithful loop", _seed), Arm("ours", "train_rl", _ours),
         Arm("ours_1p", "train_rl, one process, one thread", _one_thread),
         Arm("ours_off", "train_rl, one process, run's threads", _no_partner),
-        Arm("batched", "train_rl, BATCH runs batched in one process", _batched))
+        Arm("batched", "train_rl, BATCH runs batched in one process", _batched),
+        Arm(BATCHED, "train_rl, BATCH runs batched in two one-thread workers", _batched_workers),
+        Arm("runs_2w", "train_rl, BATCH runs unbatched in two one-thread workers", _runs_workers))
 """The arms every repeat runs; a new one is one more entry."""
-MODES = (("ours", "ours_1p"), ("ours_off", "ours_1p"))
-"""The process modes against each other, paired too (docs/PERFORMANCE.md: the default per machine class)."""
+MODES = (("ours", "ours_1p"), ("ours_off", "ours_1p"), (BATCHED, "runs_2w"))
+"""The process modes against each other, paired too (docs/PERFORMANCE.md: the default per machine class),
+and what batching adds to the same runs in the same workers."""
 
 
 @dataclass
@@ -145,10 +178,10 @@ class Results:
 def run_arm(arm: Arm, cfg: RLConfig, threads: int) -> tuple[float, dict, machine_load.Load, list[str]]:
     """One timed run of `arm`: policy-steps/s, the per-phase seconds, the machine around it and why busy."""
     t: dict[str, float] = {}
-    own, before = machine_load.own_cpu_seconds(), machine_load.mark()
+    own, before = own_cpu_seconds(), machine_load.mark()
     steps = arm.run(cfg, t)
     after = machine_load.mark()
-    g = machine_load.between(before, after, machine_load.own_cpu_seconds() - own)
+    g = machine_load.between(before, after, own_cpu_seconds() - own)
     return steps / (after.wall - before.wall), t, g, machine_load.busy_reasons(g, threads)
 
 
@@ -189,11 +222,11 @@ def report(res: Results, arms: tuple[Arm, ...], target: float) -> None:
     if busy:
         print(f"WARNING: machine busy in repeats {', '.join(map(str, busy))} (BUSY on their lines; the rule: "
               f"benchmarks/machine_load.py); their ratios measure the load as much as the code")
-    if "batched" in res.rates:
-        b = paired.summarise(paired.ratios(res.rates, "batched", BASE))
+    if BATCHED in res.rates:
+        b = paired.summarise(paired.ratios(res.rates, BATCHED, BASE))
         print(f"batched_verdict: {paired.verdict(b, busy, BATCHED_TARGET)}")
-        print(f"batched_speedup: {b.median:.2f} (range {b.lo:.2f}-{b.hi:.2f}, {BATCH} runs batched in one process "
-              f"against the seed loop running them one after another)")
+        print(f"batched_speedup: {b.median:.2f} (range {b.lo:.2f}-{b.hi:.2f}, {BATCH} runs batched in two one-thread "
+              f"workers against the seed loop running them one after another)")
     s = paired.summarise(paired.ratios(res.rates, "ours", BASE))
     print(f"verdict: {paired.verdict(s, busy, target)}")
     print(f"speedup: {s.median:.2f} (range {s.lo:.2f}-{s.hi:.2f}, median of {len(s.ratios)} paired repeats; "
@@ -310,7 +343,11 @@ def main() -> None:
         return
     print(f"world {world}; B=16 G=8, {a.steps} steps, {threads} threads, {os.cpu_count()} CPUs, {a.repeats} paired "
           f"repeats; {load()}")
-    res = compare_arms(cfg, ARMS, a.repeats, threads)
+    try:
+        res = compare_arms(cfg, ARMS, a.repeats, threads)
+    finally:
+        if _WORKERS is not None:
+            _WORKERS.close()
     for arm in ARMS:
         s = res.split[arm.name]
         print(f"{arm.label + ':':38s}{statistics.median(res.rates[arm.name]):6.2f} steps/s  per step: "
