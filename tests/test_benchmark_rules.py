@@ -1,6 +1,7 @@
-"""The pure parts of the speed benchmarks (benchmarks/paired.py, machine_load.py, ab.py): the order arms
-run in, per-repeat ratios and what is quoted of them, the verdict and the busy rule, /proc/stat read
-from a fake text; and RLHF_PARTNER, the switch for train_rl's partner process. No timing is asserted."""
+"""The pure parts of the speed benchmarks (benchmarks/paired.py, machine_load.py, ab.py, batched_workers.py,
+step_composition.py): the order arms run in, per-repeat ratios and what is quoted of them, the verdict and the
+busy rule, /proc/stat read from a fake text, a worker's CPU read from /proc, what the targets need of a
+step; and RLHF_PARTNER, the switch for train_rl's partner process. No timing is asserted."""
 import importlib.util
 import os
 import sys
@@ -109,3 +110,28 @@ def test_rlhf_partner_switches_the_partner_process_off(monkeypatch):
     monkeypatch.setenv("RLHF_PARTNER", "sometimes")
     with pytest.raises(ValueError, match="RLHF_PARTNER='sometimes': expected one of auto, on, off"):
         partner.available(2, 16)
+
+
+def test_a_worker_process_cpu_is_read_from_proc():
+    """batched_2w's workers are not reaped children: their CPU seconds come from /proc/<pid>/stat, or the
+    busy rule would count the benchmark's own workers as other load."""
+    workers = _load("batched_workers")
+    t = os.times()
+    end = t.user + t.system + 0.3
+    while sum(os.times()[:2]) < end:  # burn CPU so that there is something to read
+        pass
+    read = workers.process_cpu_seconds(os.getpid())
+    assert abs(read - sum(os.times()[:2])) < 0.1
+    assert workers.process_cpu_seconds(2 ** 22 + 7) == 0.0  # no such process
+
+
+def test_step_composition_says_what_the_rest_must_shrink_to():
+    comp = _load("step_composition")
+    assert comp.shrink(rest=10.0, products=5.0, budget=10.0) == "the rest must shrink 2.0x"
+    assert comp.shrink(rest=10.0, products=12.0, budget=10.0).startswith("out of reach")
+    lines = comp.requirements([(1, 30.0, 10.0), (8, 20.0, 10.0)], seed=20.0, partner_gain=1.5)
+    # one run, 3x = 60 steps/s: two cores fully used give 33.3 ms per one-core step, the partner's 1.5x 25 ms
+    assert lines[0].startswith("one run, 3.0x = 60.0 steps/s") and "shrink 0.9x" in lines[0] and "shrink 1.3x" in lines[0]
+    # batched, 5x = 100 policy-steps/s on two cores: 20 ms per policy-step per core; only N > 1 is listed
+    assert lines[1].startswith("batched, 5.0x = 100.0") and "N 8: the rest must shrink 1.0x" in lines[1]
+    assert "N 1:" not in lines[1]
