@@ -56,12 +56,13 @@ def requirements(rows: list[tuple[int, float, float]], seed: float, partner_gain
     for n, wall, products in rows:
         if n == 1:
             full, partner = 2000 / (ONE_RUN * seed), 1000 * partner_gain / (ONE_RUN * seed)
-            out.append(f"one run, {ONE_RUN:.1f}x = {ONE_RUN * seed:.1f} steps/s: one core's step within {full:.2f} ms "
-                       f"with two cores fully used ({shrink(wall - products, products, full)}), within {partner:.2f} "
-                       f"ms at the partner process's {partner_gain:.2f}x ({shrink(wall - products, products, partner)})")
+            rest = wall - products
+            out.append(f"one run, {ONE_RUN:.1f}x = {ONE_RUN * seed:.1f} steps/s: one core's step within {full:.2f} "
+                       f"ms with two cores fully used ({shrink(rest, products, full)}), within {partner:.2f} ms "
+                       f"at the partner process's {partner_gain:.2f}x ({shrink(rest, products, partner)})")
     need = 2000 / (BATCHED * seed)
-    out.append(f"batched, {BATCHED:.1f}x = {BATCHED * seed:.1f} policy-steps/s: within {need:.2f} ms per policy-step on "
-               "each of two cores; " + ", ".join(f"N {n}: {shrink(w - p, p, need)}" for n, w, p in rows if n > 1))
+    out.append(f"batched, {BATCHED:.1f}x = {BATCHED * seed:.1f} policy-steps/s: within {need:.2f} ms per policy-step "
+               "on each of two cores; " + ", ".join(f"N {n}: {shrink(w - p, p, need)}" for n, w, p in rows if n > 1))
     return out
 
 

@@ -6,14 +6,15 @@
 Runs the arms of ARMS (B=16 x G=8): the seed-faithful loop, train_rl as it runs by default, train_rl
 held to one process on one thread, train_rl in one process at the run's threads (RLHF_PARTNER=off), and
 --batch runs trained together in one process (training/batched.py; policy-steps/s against the seed loop's,
-which is the seed loop running them one after another), and --batch runs split between two one-thread
-worker processes, batched in each (benchmarks/batched_workers.py: how `main` trains its candidates).
+which is the seed loop running them one after another), --batch runs split between two one-thread worker
+processes, batched in each (benchmarks/batched_workers.py: how `main` trains its candidates), and the same
+runs unbatched in the same workers (what the batching itself adds).
 Each repeat runs every arm once, in an order that rotates between repeats; ratios are taken within a
 repeat. Prints per arm and repeat steps/s, the per-step split and the machine around it (1-min load
 before->after, CPU steal, CPUs others used: benchmarks/machine_load.py); per arm the ratios to the
 seed loop (median, range); the other steps' times; a markdown table; a WARNING naming the busy repeats;
-`batched_verdict:` and `batched_speedup: X.XX (range A-B, ...)` (the workers' arm; target 5.0); `verdict: met` / `not met`
-(median ours / seed against --target) / `none: machine busy (repeats ...)`; and last
+`batched_verdict:` and `batched_speedup: X.XX (range A-B, ...)` (the batched workers' arm; target 5.0);
+`verdict: met` / `not met` (median ours / seed against --target) / `none: machine busy (repeats ...)`; and last
 `speedup: X.XX (range A-B, median of N paired repeats; load ...)`.
 With --watch-every N: train_rl without and with the over-optimisation watch every N steps (the expert
 set, the watch's defaults), alternately, as it runs (two threads: with its partner process) and held to
@@ -126,7 +127,7 @@ def _batched(cfg: RLConfig, t: dict) -> int:
 
 
 _WORKERS: Workers | None = None
-"""The batched_2w and runs_2w arms' worker processes, started at its first (warm-up) run and kept to the end."""
+"""The batched_2w and runs_2w arms' worker processes: started at their first (warm-up) run, kept to the end."""
 
 
 def _workers() -> Workers:

@@ -131,7 +131,8 @@ def test_step_composition_says_what_the_rest_must_shrink_to():
     assert comp.shrink(rest=10.0, products=12.0, budget=10.0).startswith("out of reach")
     lines = comp.requirements([(1, 30.0, 10.0), (8, 20.0, 10.0)], seed=20.0, partner_gain=1.5)
     # one run, 3x = 60 steps/s: two cores fully used give 33.3 ms per one-core step, the partner's 1.5x 25 ms
-    assert lines[0].startswith("one run, 3.0x = 60.0 steps/s") and "shrink 0.9x" in lines[0] and "shrink 1.3x" in lines[0]
+    assert lines[0].startswith("one run, 3.0x = 60.0 steps/s")
+    assert "shrink 0.9x" in lines[0] and "shrink 1.3x" in lines[0]
     # batched, 5x = 100 policy-steps/s on two cores: 20 ms per policy-step per core; only N > 1 is listed
     assert lines[1].startswith("batched, 5.0x = 100.0") and "N 8: the rest must shrink 1.0x" in lines[1]
     assert "N 1:" not in lines[1]
