@@ -10,13 +10,13 @@ their CPU seconds are read from /proc (`cpu_seconds`) and counted as the benchma
 from __future__ import annotations
 
 import multiprocessing
-import os
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
 
 import torch
 
-from rlhf_mlflow.training.batch_run import run_together
+from benchmarks.machine_load import process_cpu_seconds
+from rlhf_mlflow.training.batch_run import run_all
 from rlhf_mlflow.training.rl_config import RLConfig
 from rlhf_mlflow.training.train_rl import train_rl
 
@@ -28,19 +28,21 @@ def _one_thread() -> None:
     torch.set_num_threads(1)
 
 
-def _train_share(cfgs: list[RLConfig], batched: bool) -> tuple[int, dict]:
-    """In a worker: train `cfgs` batched together (or one after another); returns the policy-steps made and
-    the first run's seconds per phase (a batch member's step is the batch's step)."""
+def seeded(cfg: RLConfig, n: int) -> list[RLConfig]:
+    """n runs of cfg, seeds cfg.seed, +1, ..."""
+    return [replace(cfg, seed=cfg.seed + k) for k in range(n)]
+
+
+def train_share(cfgs: list[RLConfig], batched: bool = True) -> tuple[int, dict]:
+    """Train `cfgs` batched together in this process (or one after another); returns the policy-steps made
+    and the first run's seconds per phase (a batch member's step is the batch's step)."""
     timings: dict[str, float] = {}
-    if not batched:
+    if batched:
+        run_all([lambda seat, c=c, k=k: train_rl(c, seat=seat, timings=timings if k == 0 else None)
+                 for k, c in enumerate(cfgs)])
+    else:
         for k, c in enumerate(cfgs):
             train_rl(c, timings=timings if k == 0 else None)
-        return sum(c.steps for c in cfgs), timings
-    out = run_together([lambda seat, c=c, k=k: train_rl(c, seat=seat, timings=timings if k == 0 else None)
-                        for k, c in enumerate(cfgs)])
-    failed = [r for r in out if isinstance(r, BaseException)]
-    if failed:
-        raise failed[0]
     return sum(c.steps for c in cfgs), timings
 
 
@@ -54,9 +56,9 @@ class Workers:
                                         initializer=_one_thread)
 
     def train(self, cfg: RLConfig, n: int, timings: dict, batched: bool = True) -> int:
-        cfgs = [replace(cfg, seed=cfg.seed + k) for k in range(n)]
+        cfgs = seeded(cfg, n)
         shares = [cfgs[w::self.workers] for w in range(self.workers) if cfgs[w::self.workers]]
-        futures = [self.pool.submit(_train_share, share, batched) for share in shares]
+        futures = [self.pool.submit(train_share, share, batched) for share in shares]
         steps = 0
         for k, fut in enumerate(futures):
             made, t = fut.result()
@@ -76,13 +78,3 @@ class Workers:
     def close(self) -> None:
         self.pool.shutdown()
 
-
-def process_cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of a live process, from /proc/<pid>/stat (0.0 where it cannot be read)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return 0.0
-    # after the command's closing parenthesis: state is field 3, utime and stime are fields 14 and 15
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")

@@ -84,6 +84,18 @@ def own_cpu_seconds() -> float:
     return t.user + t.system + t.children_user + t.children_system
 
 
+def process_cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a live process (a child not yet reaped, such as a pool's worker), from
+    /proc/<pid>/stat; 0.0 where it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return 0.0
+    # after the command's closing parenthesis: state is field 3, utime and stime are fields 14 and 15
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 @dataclass(frozen=True)
 class Load:
     """The machine around one run."""

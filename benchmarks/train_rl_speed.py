@@ -37,13 +37,12 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 
 from benchmarks import machine_load, paired, seed_loop  # noqa: E402
-from benchmarks.batched_workers import Workers  # noqa: E402
+from benchmarks.batched_workers import Workers, seeded, train_share  # noqa: E402
 from rlhf_mlflow.core import model as M  # noqa: E402
 from rlhf_mlflow.core import records as D  # noqa: E402
 from rlhf_mlflow.core import reward_model as R  # noqa: E402
 from rlhf_mlflow.core.process import configure_threads  # noqa: E402
 from rlhf_mlflow.training import two_process_step as partner  # noqa: E402
-from rlhf_mlflow.training.batch_run import run_together  # noqa: E402
 from rlhf_mlflow.training.evaluate import dev_eval  # noqa: E402
 from rlhf_mlflow.training.rl_config import RLConfig  # noqa: E402
 from rlhf_mlflow.training.train_rl import train_rl  # noqa: E402
@@ -117,13 +116,10 @@ BATCHED_TARGET = 5.0  # issue #32: N batched runs' policy-steps/s >= 5.0 x the s
 def _batched(cfg: RLConfig, t: dict) -> int:
     """BATCH runs (seeds cfg.seed, +1, ...) trained together in one process at the run's threads
     (training/batched.py); its phase split is the batch's (each member's step is the batch's step)."""
-    cfgs = [replace(cfg, seed=cfg.seed + k) for k in range(BATCH)]
-    out = run_together([lambda seat, c=c, k=k: train_rl(c, seat=seat, timings=t if k == 0 else None)
-                        for k, c in enumerate(cfgs)])
-    failed = [r for r in out if isinstance(r, BaseException)]
-    if failed:
-        raise failed[0]
-    return BATCH * cfg.steps
+    steps, phases = train_share(seeded(cfg, BATCH))
+    for k, secs in phases.items():
+        t[k] = t.get(k, 0.0) + secs
+    return steps
 
 
 _WORKERS: Workers | None = None

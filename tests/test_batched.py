@@ -12,7 +12,7 @@ import torch
 from rlhf_mlflow.core import model as M
 from rlhf_mlflow.core import rollout
 from rlhf_mlflow.core.stacked_policy import StackedPolicy
-from rlhf_mlflow.training.batch_run import run_together
+from rlhf_mlflow.training.batch_run import run_all, run_together
 from rlhf_mlflow.training.batched import Batch
 from rlhf_mlflow.training.rl_config import RLConfig
 from rlhf_mlflow.training.stacked_adam import MemberOptimizer, StackedAdam, clip_per_member
@@ -155,6 +155,29 @@ def test_a_seat_released_before_joining_and_a_failing_member_hold_nobody_up(tiny
     assert len(done) == 1 and done[0].history[-1][0] in (cfgs[0].steps, cfgs[1].steps)
 
 
+def test_run_all_returns_every_result_or_raises_the_first_failure_once_all_have_finished():
+    """What main's batched groups and the benchmarks' batched arms rely on: a failed member fails the
+    whole, but only after the others have run to their end (their MLflow runs close normally)."""
+    finished = threading.Event()
+
+    def ok(value, wait=0.0):
+        def call(seat):
+            threading.Event().wait(wait)
+            if wait:
+                finished.set()
+            return value
+        return call
+
+    def bad(message):
+        def call(seat):
+            raise ValueError(message)
+        return call
+    assert run_all([ok(1), ok(2)]) == [1, 2]
+    with pytest.raises(ValueError, match="^first$"):
+        run_all([bad("first"), ok(3, wait=0.3), bad("second")])
+    assert finished.is_set()
+
+
 def test_frozen_models_that_do_not_load_fail_every_member_and_hang_none(tiny_world, tmp_path):
     from rlhf_mlflow.core.errors import InputError
     cfgs = [replace(c, reward_model=str(tmp_path / "no_such_rm")) for c in _recipes(tiny_world)]
@@ -189,7 +212,7 @@ import sys
 from rlhf_mlflow.core.process import handle_signals
 from rlhf_mlflow.core.world_paths import WorldPaths
 from rlhf_mlflow.steps.train_rl import run_train_rl
-from rlhf_mlflow.training.batch_run import run_together
+from rlhf_mlflow.training.batch_run import run_all, run_together
 from rlhf_mlflow.training.rl_config import load_rl_config
 handle_signals()
 world, out = WorldPaths.at(sys.argv[1]), sys.argv[2]

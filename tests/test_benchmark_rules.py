@@ -1,4 +1,4 @@
-"""The pure parts of the speed benchmarks (benchmarks/paired.py, machine_load.py, ab.py, batched_workers.py,
+"""The pure parts of the speed benchmarks (benchmarks/paired.py, machine_load.py, ab.py,
 step_composition.py): the order arms run in, per-repeat ratios and what is quoted of them, the verdict and the
 busy rule, /proc/stat read from a fake text, a worker's CPU read from /proc, what the targets need of a
 step; and RLHF_PARTNER, the switch for train_rl's partner process. No timing is asserted."""
@@ -115,14 +115,13 @@ def test_rlhf_partner_switches_the_partner_process_off(monkeypatch):
 def test_a_worker_process_cpu_is_read_from_proc():
     """batched_2w's workers are not reaped children: their CPU seconds come from /proc/<pid>/stat, or the
     busy rule would count the benchmark's own workers as other load."""
-    workers = _load("batched_workers")
     t = os.times()
     end = t.user + t.system + 0.3
     while sum(os.times()[:2]) < end:  # burn CPU so that there is something to read
         pass
-    read = workers.process_cpu_seconds(os.getpid())
+    read = machine_load.process_cpu_seconds(os.getpid())
     assert abs(read - sum(os.times()[:2])) < 0.1
-    assert workers.process_cpu_seconds(2 ** 22 + 7) == 0.0  # no such process
+    assert machine_load.process_cpu_seconds(2 ** 22 + 7) == 0.0  # no such process
 
 
 def test_step_composition_says_what_the_rest_must_shrink_to():

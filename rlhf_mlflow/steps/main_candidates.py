@@ -21,7 +21,7 @@ from rlhf_mlflow.tracking.workers import (
     enter_worker,
     experiment_of,
 )
-from rlhf_mlflow.training.batch_run import batch_runs, run_together
+from rlhf_mlflow.training.batch_run import batch_runs, run_all
 from rlhf_mlflow.training.batched import Seat
 from rlhf_mlflow.training.rl_config import load_rl_config
 
@@ -127,11 +127,7 @@ def _train_group(env: WorkerEnv, group: list[TrainJob], echo: Callable[[str], No
     the group, once the others have finished."""
     if len(group) == 1:
         return [_train_job(env, group[0], echo)]
-    out = run_together([lambda seat, job=job: _train_job(env, job, echo, seat) for job in group])
-    failed = [r for r in out if isinstance(r, BaseException)]
-    if failed:
-        raise failed[0]
-    return out
+    return run_all([lambda seat, job=job: _train_job(env, job, echo, seat) for job in group])
 
 
 PROGRESS_EVERY = 30.0

@@ -53,3 +53,13 @@ def run_together(calls: list[Callable[[Seat], object]]) -> list[object]:
             t.join()
         raise
     return out
+
+
+def run_all(calls: list[Callable[[Seat], object]]) -> list[object]:
+    """run_together, each call's result in order; a call that failed fails the whole, with the first
+    failure raised once every member has finished."""
+    out = run_together(calls)
+    failed = [r for r in out if isinstance(r, BaseException)]
+    if failed:
+        raise failed[0]
+    return out
