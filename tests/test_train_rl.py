@@ -109,6 +109,19 @@ def test_grouped_logprobs_equal_the_plain_forward(tiny_world):
     assert torch.allclose(plain, seed_tok, atol=1e-5)
 
 
+def test_a_bfloat16_copy_of_the_reference_scores_close_to_float32(tiny_world):
+    """The grouped log-probs of a bfloat16 copy (benchmarks/step_levers.py times one) run with the cached
+    float32 causal masks and stay within bfloat16's precision of the float32 model's."""
+    policy = M.load_policy(os.path.join(tiny_world, "policy"))[0]
+    prompts = D.prompts_tensor(D.read_jsonl(os.path.join(tiny_world, "data", "prompts_train.jsonl"))[:6])
+    responses = rollout.sample(policy, prompts, 4, 1.0, torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        f32 = rollout.grouped_logprobs(policy, prompts, responses, 4)[0]
+        b16 = rollout.grouped_logprobs(policy.to(torch.bfloat16), prompts, responses, 4)[0]
+    assert b16.dtype == torch.bfloat16
+    assert torch.allclose(b16.float(), f32, atol=0.1, rtol=0.05)
+
+
 def test_table_lookups_equal_the_plain_forwards(tiny_world):
     """The first block as a lookup table (reward model and policy) gives the plain forward's numbers."""
     rm = R.load_rm(os.path.join(tiny_world, "reward_model"))[0]

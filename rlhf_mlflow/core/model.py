@@ -30,9 +30,12 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, mask
 
     Written out (max, exp, sum) because torch's CPU softmax over a last dimension this short (T <= 14)
     is several times slower, forward and backward, than these few elementwise ops; CPU flash attention
-    is slower still at these sizes. Same maths to float tolerance.
+    is slower still at these sizes. Same maths to float tolerance. The cached float32 mask follows q's
+    dtype (a model cast to bfloat16: benchmarks/step_levers.py).
     """
     att = q @ k.transpose(-2, -1)  # (..., Tq, Tk)
+    if mask is not None and mask.dtype != att.dtype:
+        mask = mask.to(att.dtype)
     att = att.mul_(scale) if mask is None else torch.add(mask, att, alpha=scale)
     # softmax is shift-invariant, so the row max needs no gradient
     att = att.sub_(att.amax(-1, keepdim=True).detach()).exp_()
