@@ -34,7 +34,7 @@ def _chromium(args: list[str], profile: str, timeout: float = 300) -> subprocess
 def ui(story, tmp_path):
     """`mlflow server --app-name rlhf` on the story's store, on a free loopback port, until the test ends."""
     if CHROMIUM is None:
-        pytest.skip("no chromium on PATH (Debian: apt-get install chromium; .ci/run installs it)")
+        pytest.skip("no chromium on PATH (Debian: apt-get install chromium; `make test` leaves these slow tests out)")
     with rlhf_ui_server(mlflow.get_tracking_uri(), tmp_path) as url:
         yield url
 
