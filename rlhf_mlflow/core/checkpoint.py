@@ -18,6 +18,7 @@ import torch.nn as nn
 from safetensors.torch import load_file, save, save_file
 
 from rlhf_mlflow.core import vocab as V
+from rlhf_mlflow.core.digest import content_sha256, file_sha256, files_under  # noqa: F401 (checkpoint's API)
 from rlhf_mlflow.core.errors import InputError, read_json
 from rlhf_mlflow.core.files import atomic_dir, atomic_write_bytes, atomic_write_json
 
@@ -105,39 +106,7 @@ def freeze(module: nn.Module) -> nn.Module:
     return module.eval()
 
 
-def content_sha256(path: str) -> str:
-    """sha256 of a file's bytes, or of a checkpoint directory's config.json and top-level weights (what
-    loading it reads; other files beside them do not count)."""
-    import hashlib
-    if os.path.isfile(path):
-        with open(path, "rb") as f:
-            return hashlib.sha256(f.read()).hexdigest()
-    h = hashlib.sha256()
-    for name in sorted(n for n in os.listdir(path) if n == "config.json" or n.endswith(".safetensors")):
-        with open(os.path.join(path, name), "rb") as f:
-            h.update(name.encode() + b"\0" + hashlib.sha256(f.read()).digest())
-    return h.hexdigest()
-
-
 MANIFEST = "MANIFEST.json"
-
-
-def files_under(root: str) -> list[str]:
-    """Every file below `root`, as sorted relative paths with `/` separators."""
-    out = []
-    for here, _, names in os.walk(root):
-        rel = os.path.relpath(here, root)
-        out += [name if rel == "." else f"{rel.replace(os.sep, '/')}/{name}" for name in names]
-    return sorted(out)
-
-
-def file_sha256(path: str) -> str:
-    import hashlib
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def write_manifest(ckpt_dir: str) -> None:

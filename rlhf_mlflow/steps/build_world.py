@@ -14,6 +14,7 @@ from rlhf_mlflow.core.files import check_out_is_free, check_writable
 from rlhf_mlflow.core.world_paths import WorldPaths, is_world
 from rlhf_mlflow.tracking import metric_names as MN
 from rlhf_mlflow.tracking import runs as T
+from rlhf_mlflow.tracking import world_record as WR
 from rlhf_mlflow.tracking.store_paths import store_paths
 from rlhf_mlflow.world import corruptions as C
 from rlhf_mlflow.world.build import SCALES, build_world, ensure_world, world_hash
@@ -37,7 +38,7 @@ def run_build_world(seed: int, rules: list[dict], scale: str, out: str | None = 
         else:
             path, manifest = ensure_world(DEFAULT_WORLDS, seed, rules, scale, progress=progress)
         world = WorldPaths.at(path)
-        T.log_params({"world_hash": manifest["world_hash"], "world": world.root})
+        T.log_params(WR.world_params(world))  # the store's record of what the world holds (world_record.py)
         T.log_json_artifact(manifest, "manifest.json")
         T.log_metrics({f"{MN.BUILD}{k}": v for k, v in manifest["timings"].items()})
         for item, context, labelled in DATASETS:

@@ -201,7 +201,7 @@ def reused_repair(state: MainState, r: int, rm_dir: str) -> dict | None:
     for row in _children(rounds, "repair_rm"):
         for mv in _versions_of(row["run_id"], RMR.RM_MODEL):
             decided = mv.tags.get("gate.decision")
-            if decided and mv.tags.get("sha256") == content_sha256(rm_dir):
+            if decided and RMR.recorded_sha256(mv) == content_sha256(rm_dir):
                 return _repair_result(row, mv, decided == "promoted", rm_dir)
     return None
 

@@ -30,6 +30,7 @@ from rlhf_mlflow.steps.outputs import check_out
 from rlhf_mlflow.tracking import metric_names as MN
 from rlhf_mlflow.tracking import rm_registry as RMR
 from rlhf_mlflow.tracking import runs as T
+from rlhf_mlflow.tracking import world_record as WR
 from rlhf_mlflow.tracking.metric_logger import MetricLogger
 from rlhf_mlflow.training import repair_rm as RR
 
@@ -45,17 +46,17 @@ def _checked_labels(world: WorldPaths, labels: list[str]) -> list[dict]:
     return rows
 
 
-def _parent(world: WorldPaths, parent_version: str | None, tmp: str) -> tuple[str, str | None, str | None]:
-    """(local directory, version) of the model to fine-tune, and the production version it would replace.
+def _parent(world: WorldPaths, digest: str, parent_version: str | None, tmp: str) -> tuple[str, str | None, str | None]:
+    """(local directory, version) of the model to fine-tune, and the production version it would replace
+    (`digest`: the world's content digest, as the run records it).
     By default the world's own model: every repair starts from it with every label so far, so its
     agreement is compared with a parent that never saw them. Its version is None until `_register_root`
     registers it, at the end beside the repair's own: a repair that dies leaves the registry as it was."""
-    h = _world_hash(world)
     current = RMR.production()
-    replaces = str(current.version) if current is not None and current.tags.get("world_hash") == h else None
+    replaces = str(current.version) if current is not None and RMR.world_of(current) == digest else None
     if parent_version:
         return RMR.download(parent_version, tmp), str(parent_version), replaces
-    root = RMR.find(h, content_sha256(world.reward_model))
+    root = RMR.find(digest, content_sha256(world.reward_model))
     if root is not None:
         return RMR.download(root.version, tmp), str(root.version), replaces
     return world.reward_model, None, replaces
@@ -81,15 +82,16 @@ def run_repair_rm(world: WorldPaths, labels: list[str], out: str, diagnostic: st
     check_out(out, {"--world": world.root, "--diagnostic": diagnostic, **{f"--labels[{i}]": p for i, p in enumerate(labels)}},
               directory=True)
     experts_bought = _checked_labels(world, labels)  # before the run: bad input leaves no run behind
+    recorded = WR.world_params(world)  # what the run records of its world (refused when not the store's record)
     if parent_version:
-        RMR.get(parent_version, _world_hash(world))
+        RMR.get(parent_version, recorded[WR.DIGEST])
     parent_diag = read_json(diagnostic) if diagnostic else None
     qa = D.read_jsonl(world.qa, labelled=True)
     gold = D.read_jsonl(world.expert_set, labelled=True)
-    params = {**asdict(cfg), "world": world.root, "labels": ",".join(labels), "diagnostic": diagnostic,
+    params = {**asdict(cfg), **recorded, "labels": ",".join(labels), "diagnostic": diagnostic,
               "parent_version": parent_version, "out": out}
     with T.tracked_run("repair_rm", params, run_name=run_name) as run, tempfile.TemporaryDirectory() as tmp:
-        parent_dir, parent, replaces = _parent(world, parent_version, tmp)
+        parent_dir, parent, replaces = _parent(world, recorded[WR.DIGEST], parent_version, tmp)
         for path, rows, ctx in [(world.qa, qa, "crowd"), (world.expert_set, gold, "expert")] + \
                 [(p, [r for r in experts_bought if r["id"] in _ids(p)], "expert") for p in labels]:
             T.log_records_input(rows, path, ctx)

@@ -24,12 +24,13 @@ from rlhf_mlflow.core.config import from_dict
 from rlhf_mlflow.core.errors import InputError
 from rlhf_mlflow.core.process import process_state
 from rlhf_mlflow.core.reward_wrapper import load_wrapper
-from rlhf_mlflow.core.world_paths import WorldPaths
+from rlhf_mlflow.core.world_paths import WorldPaths, world_of_reference
 from rlhf_mlflow.steps.progress import training_progress
 from rlhf_mlflow.steps.train_rl_checkpoints import last_checkpoint, upload, write_checkpoint
 from rlhf_mlflow.steps.train_rl_watch import WATCH_FILES, RunWatch
 from rlhf_mlflow.tracking import metric_names as MN
 from rlhf_mlflow.tracking import runs as T
+from rlhf_mlflow.tracking import world_record as WR
 from rlhf_mlflow.tracking.metric_logger import MetricLogger, stored_steps
 from rlhf_mlflow.tracking.policy_model import log_policy
 from rlhf_mlflow.training.batched import Seat
@@ -77,7 +78,8 @@ def run_train_rl(cfg: RLConfig, world: WorldPaths | None = None, out: str | None
     # bytes are what the run logs and uses
     prompts = D.read_jsonl(cfg.prompt_file)
     wrapper = load_wrapper(cfg.reward_wrapper)
-    params = {**asdict(cfg), **(world.params() if world else {}), **input_hashes(cfg)}
+    world = world or world_of_reference(cfg.policy_ref)
+    params = {**asdict(cfg), **(WR.world_params(world) if world else {}), **input_hashes(cfg)}
     if wrapper:
         params["reward_wrapper_sha256"] = wrapper.sha256
     tags = {"rlhf.recipe": recipe, "rlhf.register": str(register).lower(),

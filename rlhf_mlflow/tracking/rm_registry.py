@@ -3,7 +3,8 @@
 
 A world's own reward model is its lineage's root (registered the first time a repair starts from it);
 each repaired model is a version whose tags name its parent version, the world, the recipe and the
-sha256 of its files (the checked-out copy is verified against it). Only the repair gate moves
+sha256 of every file of its directory, which its run also records as a parameter (what a copy is
+verified against: a tag can be changed, a parameter cannot). Only the repair gate moves
 `production`, under the registered model's release lock (tracking/release_lock.py), reading the alias
 back; a refused version says why in its description (`REFUSED vN: ...`) and in `failed.<guardrail>` tags.
 """
@@ -39,34 +40,61 @@ def _ensure_model() -> None:
 
 
 def register(run_id: str, rm_dir: str, tags: dict, description: str = "", artifact: str = ARTIFACT) -> str:
-    """A new version for the reward model the run logged under `artifact` (rm_dir: its local copy,
-    hashed into the `sha256` tag; the artifact path is tagged too); returns the version."""
+    """A new version for the reward model the run logged under `artifact` (rm_dir: its local copy). The
+    sha256 of every file of its directory is logged first as the run's parameter `sha256.<artifact>`
+    (which cannot change: what the version is checked against) and tagged on the version (what the
+    registry page shows); returns the version."""
     _ensure_model()
+    sha = content_sha256(rm_dir)
+    REG.client().log_param(run_id, SHA_PARAM + artifact, sha)
     tags = {**tags, "artifact": artifact}
     mv = REG.client().create_model_version(RM_MODEL, source=f"runs:/{run_id}/{artifact}", run_id=run_id,
-                                           tags={**tags, "sha256": content_sha256(rm_dir)},
-                                           description=description)
+                                           tags={**tags, "sha256": sha}, description=description)
     return str(mv.version)
 
 
-def find(world_hash: str, sha256: str):
-    """The version of this world holding exactly these files, or None."""
+SHA_PARAM = "sha256."
+"""The run parameter `sha256.<artifact>` holding the sha256 of a registered reward model's directory."""
+
+
+def _run_params(mv) -> dict:
+    try:
+        return REG.client().get_run(mv.run_id).data.params if mv.run_id else {}
+    except mlflow.exceptions.MlflowException:
+        return {}
+
+
+def recorded_sha256(mv) -> str | None:
+    """The sha256 of the version's directory as its run recorded it (a parameter), or None when its run
+    recorded none (a version registered by hand, or before these records): such a version matches no
+    files."""
+    return _run_params(mv).get(SHA_PARAM + mv.tags.get("artifact", ARTIFACT))
+
+
+def world_of(mv) -> str | None:
+    """The content digest of the world the version's run used (its `world_sha256` parameter), or None."""
+    return _run_params(mv).get("world_sha256")
+
+
+def find(world_sha256: str, sha256: str):
+    """The version repaired on (or the own model of) the world with content digest `world_sha256` whose
+    directory is exactly these files, as its run recorded both; or None."""
     try:
         found = REG.client().search_model_versions(f"name = '{RM_MODEL}'")
     except mlflow.exceptions.MlflowException:
         return None
     for mv in sorted(found, key=lambda m: int(m.version)):
-        if mv.tags.get("world_hash") == world_hash and mv.tags.get("sha256") == sha256:
+        if mv.tags.get("sha256") == sha256 and recorded_sha256(mv) == sha256 and world_of(mv) == world_sha256:
             return mv
     return None
 
 
-def get(version: str | int, world_hash: str | None):
-    """The version, refused when it belongs to another world."""
+def get(version: str | int, world_sha256: str | None):
+    """The version, refused when its run used another world (by the worlds' content digests)."""
     mv = REG.get_version(version, RM_MODEL)
-    if world_hash and mv.tags.get("world_hash") not in (None, world_hash):
-        raise InputError(f"reward model {RM_MODEL}/{version} belongs to world {mv.tags.get('world_hash')}, "
-                         f"not {world_hash}")
+    if world_sha256 and world_of(mv) != world_sha256:
+        raise InputError(f"reward model {RM_MODEL}/{version} was not made on this world (its run recorded world "
+                         f"{str(world_of(mv))[:12]}, this world is {world_sha256[:12]})")
     return mv
 
 
@@ -75,11 +103,13 @@ def production():
 
 
 def download(version: str | int, dst: str) -> str:
-    """The version's files under dst, verified against its sha256 tag."""
+    """The version's files under dst, verified against the sha256 its run recorded."""
     mv = REG.get_version(version, RM_MODEL)
     path = T.download_artifact(mv.run_id, mv.tags.get("artifact", ARTIFACT), dst)
-    if path is None or content_sha256(path) != mv.tags.get("sha256"):
-        raise GateError(f"reward model {RM_MODEL}/{version}: its files do not match the sha256 it was registered with")
+    recorded = recorded_sha256(mv)
+    if path is None or recorded is None or content_sha256(path) != recorded:
+        raise GateError(f"reward model {RM_MODEL}/{version}: its files do not match the sha256 its run recorded "
+                        "when it was registered")
     return path
 
 

@@ -25,7 +25,8 @@ from rlhf_mlflow.core import vocab as V
 from rlhf_mlflow.core.errors import InputError, read_json
 from rlhf_mlflow.core.files import atomic_dir, atomic_write_json, atomic_write_text
 from rlhf_mlflow.core.vocab import PILOT_MIX
-from rlhf_mlflow.core.world_paths import WorldPaths
+from rlhf_mlflow.core.digest import digest_of
+from rlhf_mlflow.core.world_paths import WorldPaths, world_files
 from rlhf_mlflow.training.rl_config import RLConfig
 from rlhf_mlflow.training.train_rm import RMConfig, train_rm
 from rlhf_mlflow.world import corruptions as C
@@ -149,7 +150,7 @@ def build_world(out_dir: str, seed: int = 0, spec: list[dict] | None = None, sca
         timings["total_s"] = time.perf_counter() - t0
         manifest = {"world_hash": world_hash(cfg, spec), "builder_version": BUILDER_VERSION, "seed": cfg.seed,
                     "scale": scale, "spec": spec, "config": asdict(cfg), "timings": timings,
-                    "files": _file_hashes(tmp)}
+                    "files": _file_hashes(tmp), "world_sha256": digest_of(world_files(world))}
         atomic_write_json(world.path("manifest"), manifest)
     say(f"world {manifest['world_hash']} built in {timings['total_s']:.0f}s at {out_dir}")
     return manifest
