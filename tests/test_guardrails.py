@@ -8,10 +8,11 @@ import pytest
 from dataclasses import asdict
 
 from rlhf_mlflow.core.errors import InputError
+from rlhf_mlflow.core.vocab import FAMILIES
 from rlhf_mlflow.decisions.certify import CertifyConfig
-from rlhf_mlflow.decisions.guardrails import NAMES, GuardrailConfig, evaluate, non_default
+from rlhf_mlflow.decisions.guardrails import NAMES, GuardrailConfig, evaluate, non_default, non_default_tag
 
-FAMS = ["anvil", "birch", "dune"]
+FAMS = list(FAMILIES)
 
 
 def report(gain=0.08, kl=1.0, ess=40.0, shortcut=(0.2, 0.3)) -> dict:
@@ -23,7 +24,9 @@ def report(gain=0.08, kl=1.0, ess=40.0, shortcut=(0.2, 0.3)) -> dict:
                                   "reference_count": shortcut[0], "policy_count": shortcut[1]}]
     bal = {"certifiable": True, "reason": "ok", "reference": 0.27, "estimate": 0.27 + gain, "gain": gain,
            "gain_lo": gain - 0.03, "gain_hi": gain + 0.03, "lo": 0.24 + gain, "hi": 0.30 + gain}
-    return {"families": fams, "balanced": bal, "config": asdict(CertifyConfig()), "input_sha256": {"gold": "ab" * 32}}
+    rules = [{"family": "dune", "kind": "token", "token": "pa"}]
+    return {"families": fams, "balanced": bal, "config": asdict(CertifyConfig()), "input_sha256": {"gold": "ab" * 32},
+            "shortcut_rules": rules}
 
 
 def failed(results):
@@ -129,3 +132,50 @@ def test_non_default_names_every_changed_threshold():
     assert non_default(GuardrailConfig(), asdict(CertifyConfig())) == []
     cfg = GuardrailConfig.from_dict({"min_balanced_gain": "-1", "require_significant_gain": "false", "min_labels": "30"})
     assert non_default(cfg) == ["min_balanced_gain=-1", "require_significant_gain=false", "min_labels=30"]
+
+
+# guardrails fail closed --------------------------------------------------------------------------
+
+def test_missing_evidence_is_unknown_and_refuses():
+    """No diagnostic (no shortcut rules), a family the report does not cover, one deployment does not
+    know, a KL never measured: each guardrail reading it fails with `unknown: ...`."""
+    r = report()
+    r["shortcut_rules"] = None
+    for f in r["families"].values():
+        f["shortcuts"] = []
+    ok, why = evaluate(r)["marker_collapse"]
+    assert not ok and why.startswith("unknown: no diagnostic")
+    r = report()
+    del r["families"]["ember"]
+    results = evaluate(r)
+    assert {"certifiable", "family_change", "family_kl"} <= failed(results)
+    assert results["certifiable"][1] == "unknown: no evidence for ember"
+    r = report()
+    r["families"]["quartz"] = copy.deepcopy(r["families"]["anvil"])
+    assert "families deployment does not have: quartz" in evaluate(r)["certifiable"][1]
+    r = report()
+    r["families"]["birch"]["kl"] = None
+    ok, why = evaluate(r)["family_kl"]
+    assert not ok and why.startswith("unknown: no KL measured for birch")
+
+
+def test_a_waiver_passes_missing_evidence_only_and_is_non_default():
+    r = report(kl=6.5)
+    r["shortcut_rules"] = None
+    waived = GuardrailConfig.from_dict({"waive": "marker_collapse+family_kl"})
+    results = evaluate(r, waived)
+    assert results["marker_collapse"] == (True, "waived (unknown: no diagnostic: the certification counted no "
+                                                "flagged shortcut (certify --diagnostic F))")
+    assert not results["family_kl"][0] and "KL above 6" in results["family_kl"][1]  # measured and too far: fails
+    assert non_default(waived) == ["waive=marker_collapse+family_kl"]
+    with pytest.raises(InputError, match="'beats_champion' cannot be waived; waivable guardrails"):
+        GuardrailConfig.from_dict({"waive": "beats_champion"})
+
+
+def test_the_non_default_tag_fits_the_registry_list():
+    loosened = ["min_balanced_gain=-1", "require_significant_gain=false", "min_family_change=-1", "max_khat=5",
+                "certify.max_khat=5"]
+    assert non_default_tag(loosened) == "gain,sig,change+2"
+    assert len("non_default: " + non_default_tag(loosened)) <= 30
+    assert non_default_tag(["max_khat=5", "certify.max_khat=5"]) == "khat,c.khat"
+    assert non_default_tag([]) is None

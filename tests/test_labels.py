@@ -26,7 +26,7 @@ from rlhf_mlflow.tracking.policy_model import REGISTERED_MODEL, log_policy
 from rlhf_mlflow.world.annotator import label_requests
 from rlhf_mlflow.world.oracle import Oracle
 
-LENIENT = "min_balanced_gain=-1,require_significant_gain=false,min_family_change=-1,max_family_kl=100"
+LENIENT = "min_balanced_gain=-1,require_significant_gain=false,min_family_change=-1,max_family_kl=100,waive=marker_collapse"
 
 
 def test_ppi_by_hand():

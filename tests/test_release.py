@@ -15,7 +15,7 @@ from rlhf_mlflow.tracking.registry import release_record
 from rlhf_mlflow.tracking.policy_model import REGISTERED_MODEL, log_policy
 
 # a tiny world cannot show a real certified gain, so the first release relaxes the gain thresholds
-LENIENT = "min_balanced_gain=-1,require_significant_gain=false,min_family_change=-1"
+LENIENT = "min_balanced_gain=-1,require_significant_gain=false,min_family_change=-1,waive=marker_collapse"
 
 
 def _run(*args):

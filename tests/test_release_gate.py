@@ -24,7 +24,7 @@ from rlhf_mlflow.tracking.policy_model import REGISTERED_MODEL, log_policy
 from rlhf_mlflow.tracking.registry import load_certification, release_record
 from rlhf_mlflow.tracking.release_lock import lock_name
 
-LENIENT = "min_balanced_gain=-1,require_significant_gain=false,min_family_change=-1"
+LENIENT = "min_balanced_gain=-1,require_significant_gain=false,min_family_change=-1,waive=marker_collapse"
 RLHF_MLFLOW = os.path.join(os.path.dirname(sys.executable), "rlhf-mlflow")
 FACTORS = (0.7, 0.85, 1.0, 1.15, 1.3, 1.45)  # six policies the tiny world certifies at six different values
 

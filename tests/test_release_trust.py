@@ -15,13 +15,16 @@ from click.testing import CliRunner
 from test_certify import sharpened
 
 from rlhf_mlflow.cli import cli
+from rlhf_mlflow.core.world_paths import WorldPaths
 from rlhf_mlflow.steps.reports import gate_markdown
 from rlhf_mlflow.tracking import runs as T
 from rlhf_mlflow.tracking.policy_model import REGISTERED_MODEL, log_policy
 from rlhf_mlflow.tracking.registry import release_record
+from rlhf_mlflow.tracking.world_record import world_params
 
 LENIENT = ("--guardrail", "min_balanced_gain=-1", "--guardrail", "require_significant_gain=false",
-           "--guardrail", "min_family_change=-1")
+           "--guardrail", "min_family_change=-1", "--guardrail", "waive=marker_collapse")
+"""A gate a test-scale world's versions can pass, certified without a diagnostic (marker collapse waived)."""
 
 
 def _run(*args):
@@ -33,12 +36,14 @@ def _client():
 
 
 def _register(policy_dir: str, world: str | None = None) -> str:
-    """A version of `policy_dir`; with `world`, tagged as trained on it (its manifest's hash)."""
+    """A version of `policy_dir`; with `world`, trained on it: its run records the world's files as
+    train_rl's does, the version is tagged with its build hash."""
     tags = {"recipe": os.path.basename(policy_dir)}
+    params = {"policy": policy_dir}
     if world:
-        with open(os.path.join(world, "manifest.json")) as f:
-            tags["world_hash"] = json.load(f)["world_hash"]
-    with T.tracked_run("train_rl", {"policy": policy_dir}):
+        params.update(world_params(WorldPaths.at(world)))
+        tags["world_hash"] = params["world_hash"]
+    with T.tracked_run("train_rl", params):
         _, version = log_policy(policy_dir, tags=tags)
     return version.version
 
@@ -124,33 +129,52 @@ def test_an_expert_set_changed_after_certification_is_refused(tiny_world, tmp_pa
     assert _registry() == before
 
 
-def test_a_world_is_its_manifest(tiny_world, tmp_path):
-    """A copy of the world with every expert label +0.4, another world's files, or files outside any
-    world: certify refuses a version trained on the world before any run starts."""
-    v = _register(os.path.join(tiny_world, "policy"), tiny_world)
-    doctored = _copy_world(tiny_world, tmp_path)
+def _doctored(world: str, dst) -> str:
+    """The issue's forgery: a copy of `world` with every expert label +0.4, its manifest's sha256 of
+    that file (and its digest of the files) rewritten to match."""
+    from rlhf_mlflow.core.digest import digest_of, file_sha256
+    from rlhf_mlflow.core.world_paths import world_files
+    doctored = _copy_world(world, dst)
     gold = os.path.join(doctored, "data", "gold_calib.jsonl")
     with open(gold) as f:
         rows = [json.loads(line) for line in f if line.strip()]
     with open(gold, "w") as f:
         f.writelines(json.dumps({**r, "label": r["label"] + 0.4}) + "\n" for r in rows)
-    other = str(tmp_path / "other")
-    shutil.copytree(tiny_world, other)
-    with open(os.path.join(other, "manifest.json")) as f:
+    with open(os.path.join(doctored, "manifest.json")) as f:
         manifest = json.load(f)
-    with open(os.path.join(other, "manifest.json"), "w") as f:
-        json.dump({**manifest, "world_hash": "0" * 16}, f)
-    loose = str(tmp_path / "gold.jsonl")
-    shutil.copy(os.path.join(tiny_world, "data", "gold_calib.jsonl"), loose)
+    manifest["files"]["data/gold_calib.jsonl"] = file_sha256(gold)
+    renamed = {**manifest, "world_sha256": digest_of(world_files(WorldPaths.at(doctored)))}
+    with open(os.path.join(doctored, "manifest.json"), "w") as f:
+        json.dump(manifest, f)
+    return doctored, renamed
+
+
+def test_a_world_is_what_the_store_recorded(tiny_world, tmp_path):
+    """A copy of the world with every expert label +0.4 and its manifest rewritten to match: certify
+    refuses a version trained on the world (naming the file) before any run starts; train-rl refuses the
+    copy under the world's name; renamed in its manifest it is another world, which the version was not
+    trained on. A copy whose files are the world's, byte for byte, is the world wherever it lies."""
+    v = _register(os.path.join(tiny_world, "policy"), tiny_world)
+    doctored, renamed = _doctored(tiny_world, tmp_path)
     runs_before, before = len(mlflow.search_runs(search_all_experiments=True)), _registry()
-    _refused(_run("certify", "--model-version", v, "--world", doctored), "--gold: version",
-             "is not the file world", "was built with")
-    _refused(_run("certify", "--model-version", v, "--world", tiny_world, "--gold", os.path.join(other, "data",
-                                                                                                 "gold_calib.jsonl")),
-             "is a file of world 0000000000000000, not of world")
-    _refused(_run("certify", "--model-version", v, "--world", tiny_world, "--rm-dir",
-                  os.path.join(doctored, "reward_model"), "--gold", loose), "not in a world built here")
+    _refused(_run("certify", "--model-version", v, "--world", doctored), "--gold: version", "recorded by its training run",
+             "data/gold_calib.jsonl is not the world's data/gold_calib.jsonl (sha256 ")
+    _refused(_run("train-rl", "--world", doctored, "--steps", 2), "is not world", "as the store recorded it when it was "
+             "first used", "data/gold_calib.jsonl differs")
+    with open(os.path.join(doctored, "manifest.json"), "w") as f:
+        json.dump(renamed, f)  # a world of its own now: nothing recorded under its name
+    _refused(_run("certify", "--model-version", v, "--world", doctored),
+             "data/gold_calib.jsonl is not the world's data/gold_calib.jsonl")
+    rm_copy = str(tmp_path / "rm_copy")
+    shutil.copytree(os.path.join(doctored, "reward_model"), rm_copy)
+    with open(os.path.join(rm_copy, "notes.txt"), "w") as f:
+        f.write("an extra file is not the world's reward model either\n")
+    _refused(_run("certify", "--model-version", v, "--world", tiny_world, "--rm-dir", rm_copy),
+             "--rm-dir: version", "not the world's reward_model: notes.txt is not one of its files")
     assert len(mlflow.search_runs(search_all_experiments=True)) == runs_before and _registry() == before
+    moved = _copy_world(tiny_world, tmp_path / "moved")
+    res = _run("certify", "--model-version", v, "--world", moved)
+    assert res.exit_code == 0, res.output
 
 
 def test_a_looser_certification_and_a_loosened_release_are_written_on_the_version(tiny_world):
@@ -173,7 +197,7 @@ def test_a_looser_certification_and_a_loosened_release_are_written_on_the_versio
     assert "under non-default thresholds" in res.output
     mv = _client().get_model_version(REGISTERED_MODEL, v)
     loosened = "min_balanced_gain=-1, require_significant_gain=false, min_family_change=-1, max_khat=5, " \
-               "certify.max_khat=5"
+               "waive=marker_collapse, certify.max_khat=5"
     assert ", ".join(release_record(mv)["non_default"]) == loosened
     assert f"NON-DEFAULT THRESHOLDS: {loosened}." in mv.description.splitlines()[0]
     assert _client().get_registered_model(REGISTERED_MODEL).description == gate_markdown(v, "policy")
@@ -208,3 +232,49 @@ def test_the_champion_is_compared_only_on_the_same_expert_set(tiny_world, tmp_pa
     assert why["reason"].startswith("certified balanced"), why
     now = _client().get_model_version_by_alias(REGISTERED_MODEL, "champion").version
     assert now == (candidate if why["pass"] else champion), (now, why)
+
+
+def test_a_repaired_reward_model_is_every_file_of_its_directory(tiny_world, tmp_path):
+    """A repaired model's identity covers every file of its directory: with repair.json moved away it
+    would be taken for a model that never learnt from the expert set (and certified from that set); it
+    is no longer the registered version, so certify refuses it before any run, naming the option."""
+    from test_repair_rm import FAST, _labels
+
+    from rlhf_mlflow.steps.repair_rm import run_repair_rm
+    from rlhf_mlflow.tracking import rm_registry as RMR
+    world = WorldPaths.at(tiny_world)
+    repaired = run_repair_rm(world, [_labels(world, tmp_path)], str(tmp_path / "rm"), cfg=FAST, echo=lambda m: None)
+    v = _register(os.path.join(tiny_world, "policy"), tiny_world)
+    mv = _client().get_model_version(RMR.RM_MODEL, repaired["version"])
+    assert RMR.recorded_sha256(mv) == mv.tags["sha256"]  # the run's parameter, which cannot change
+    os.rename(tmp_path / "rm" / "repair.json", tmp_path / "repair.json")
+    runs_before, before = len(mlflow.search_runs(search_all_experiments=True)), _registry()
+    _refused(_run("certify", "--model-version", v, "--world", tiny_world, "--rm-dir", tmp_path / "rm"),
+             "--rm-dir: version", "not the world's reward_model: ")
+    assert len(mlflow.search_runs(search_all_experiments=True)) == runs_before and _registry() == before
+    os.rename(tmp_path / "repair.json", tmp_path / "rm" / "repair.json")
+    res = _run("certify", "--model-version", v, "--world", tiny_world, "--rm-dir", tmp_path / "rm")
+    assert res.exit_code == 0, res.output
+
+
+def test_a_guardrail_without_its_evidence_refuses_unless_waived(tiny_world):
+    """Certified without --diagnostic, nobody counted a shortcut: marker_collapse is unknown and refuses
+    (it used to pass with "0 flagged shortcut(s)"). Waived, it passes, and the waiver is written on the
+    version like any other non-default threshold: its description, release.json and a tag the registry's
+    list shows whole."""
+    v = _register(os.path.join(tiny_world, "policy"), tiny_world)
+    _certify(v, "--world", tiny_world)
+    strict = LENIENT[:-2]  # without the waiver
+    res = _run("release", "--model-version", v, *strict)
+    assert res.exit_code == 0 and '"decision": "refused"' in res.output, res.output
+    mv = _client().get_model_version(REGISTERED_MODEL, v)
+    why = release_record(mv)["guardrails"]["marker_collapse"]
+    assert not why["pass"] and why["reason"].startswith("unknown: no diagnostic")
+    assert mv.tags["failed.marker_collapse"].startswith("unknown")
+    res = _run("release", "--model-version", v, *LENIENT)
+    assert res.exit_code == 0 and '"decision": "promoted"' in res.output, res.output
+    mv = _client().get_model_version(REGISTERED_MODEL, v)
+    assert release_record(mv)["guardrails"]["marker_collapse"]["reason"].startswith("waived (unknown: no diagnostic")
+    assert "waive=marker_collapse" in mv.description.splitlines()[0]
+    assert mv.tags["non_default"] == "gain,sig,change+1"  # waive is the fourth: "+1"
+    assert len("non_default: " + mv.tags["non_default"]) <= 30 and "failed.marker_collapse" not in mv.tags

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 
 from rlhf_mlflow.core import shortcut_rules as SR
+from rlhf_mlflow.core import vocab as V
 from rlhf_mlflow.core.config import check_range
 from rlhf_mlflow.core.errors import InputError
 from rlhf_mlflow.decisions.certify import CertifyConfig
@@ -37,6 +38,10 @@ class GuardrailConfig:
     """A flagged shortcut's mean count per response may exceed the reference's by at most this."""
     champion_margin: float = 0.0
     """Certified balanced quality must exceed the current champion's by more than this."""
+    waive: str = ""
+    """Guardrails (of WAIVABLE, joined by '+') that pass when their evidence is missing instead of
+    failing as unknown, e.g. `marker_collapse` for a certification made without a diagnostic. A waiver
+    never passes evidence that fails; like any other non-default threshold it is written on the version."""
 
     def __post_init__(self):
         # every threshold finite and in range: a NaN compares False both ways and would disable its guardrail
@@ -48,8 +53,15 @@ class GuardrailConfig:
         check_range("min_labels", self.min_labels, 2, integer=True)
         check_range("max_family_kl", self.max_family_kl, 0, lo_open=True)
         check_range("max_marker_increase", self.max_marker_increase, 0)
+        unknown = sorted(set(self.waived()) - set(WAIVABLE))
+        if unknown:
+            raise InputError(f"waive: {unknown[0]!r} cannot be waived; waivable guardrails (joined by '+'): "
+                             f"{', '.join(WAIVABLE)}")
         if not isinstance(self.require_significant_gain, bool):
             raise InputError(f"require_significant_gain must be true or false, got {self.require_significant_gain!r}")
+
+    def waived(self) -> tuple[str, ...]:
+        return tuple(n.strip() for n in str(self.waive).split("+") if n.strip())
 
     @classmethod
     def from_dict(cls, d: dict, where: str = "guardrails") -> "GuardrailConfig":
@@ -60,7 +72,9 @@ class GuardrailConfig:
         types = {f.name: type(getattr(cls(), f.name)) for f in fields(cls)}
         out = {}
         for k, v in d.items():
-            if types[k] is bool:
+            if types[k] is str:
+                v = str(v)
+            elif types[k] is bool:
                 if isinstance(v, str):
                     v = {"true": True, "false": False}.get(v.lower(), v)
             elif isinstance(v, str):
@@ -78,6 +92,11 @@ class GuardrailConfig:
 
 
 NAMES = ("certifiable", "balanced_gain", "family_change", "family_kl", "marker_collapse", "beats_champion")
+WAIVABLE = ("family_kl", "marker_collapse")
+"""The guardrails whose evidence a certification may lack while its estimates stand: KL needs the policy's
+log-probs, marker collapse a diagnostic's flagged shortcuts. Missing, each is `unknown` and fails unless
+waived (GuardrailConfig.waive)."""
+UNKNOWN = "unknown: "
 
 
 CERTIFY_THRESHOLDS = ("min_ess", "max_khat", "min_labels", "level", "ess_widening", "label_widening",
@@ -114,8 +133,9 @@ def non_default(cfg: GuardrailConfig, certified_with: dict | None = None) -> lis
     """Every guardrail threshold, and every certify threshold of the certification, that is not its
     default, as `name=value` (certify's as `certify.name=value`): what a version records it was
     released under."""
-    out = [f"{k}={v:g}" if not isinstance(v, bool) else f"{k}={str(v).lower()}"
-           for k, v in asdict(cfg).items() if v != getattr(GuardrailConfig(), k)]
+    def shown(v):
+        return str(v).lower() if isinstance(v, bool) else v if isinstance(v, str) else f"{v:g}"
+    out = [f"{k}={shown(v)}" for k, v in asdict(cfg).items() if v != getattr(GuardrailConfig(), k)]
     default = CertifyConfig()
     for key in CERTIFY_THRESHOLDS if certified_with is not None else ():
         used = certified_with.get(key, LEGACY.get(key))
@@ -125,19 +145,26 @@ def non_default(cfg: GuardrailConfig, certified_with: dict | None = None) -> lis
 
 
 def _certifiable(report: dict, cfg: GuardrailConfig) -> tuple[bool, str]:
-    """Every family certifiable, by certify's own refusal rule, applied with thresholds at least as
-    strict as ours (a looser certification is refused, not re-judged)."""
+    """Every deployment family certifiable, by certify's own refusal rule, applied with thresholds at
+    least as strict as ours (a looser certification is refused, not re-judged); a family the report
+    does not cover, or one it names that deployment does not know, fails it."""
     fams = report["families"]
     used = report.get("config", {})
     looser = looser_thresholds(used, cfg)
     if looser:
         return False, (f"certified with {'; '.join(looser)}: certify again with release's thresholds (min_ess, "
                        "max_khat and min_labels may be loosened at release with --guardrail NAME=VALUE)")
+    missing, strange = [f for f in V.FAMILIES if f not in fams], sorted(set(fams) - set(V.FAMILIES))
+    if missing or strange:
+        return False, UNKNOWN + "; ".join(([f"no evidence for {', '.join(missing)}"] if missing else [])
+                                          + ([f"families deployment does not have: {', '.join(strange)}"]
+                                             if strange else []))
     weak = [f"{f} ({r['reason']})" for f, r in fams.items() if not r["certifiable"]]
     if weak:
         return False, "not certifiable: " + ", ".join(weak)
-    return True, f"every family certifiable (min_ess {used['min_ess']:g}), min ESS " \
-        f"{min(r['ess'] for r in fams.values()):.1f}"
+    ess = [r["ess"] for r in fams.values() if r.get("ess") is not None]  # none: certified from labels alone
+    return True, f"every family certifiable (min_ess {used['min_ess']:g}), min ESS " + \
+        (f"{min(ess):.1f}" if ess else "n/a (labels on the policy's own samples)")
 
 
 def expert_set_sha256(report: dict) -> str | None:
@@ -152,60 +179,104 @@ def _fmt(x) -> str:
 def evaluate(report: dict, cfg: GuardrailConfig = GuardrailConfig(),
              champion: dict | None = None) -> dict[str, tuple[bool, str]]:
     """Each guardrail's (passed, reason) for a certification `report` (rlhf_mlflow.certify format).
-    `champion` is the current champion's report (or None when there is none yet)."""
-    fams = report["families"]
-    bal = report["balanced"]
-    out = {}
+    `champion` is the current champion's report (or None when there is none yet). A guardrail whose
+    evidence is missing fails with a reason starting `unknown: ` (unless waived: WAIVABLE)."""
+    out = {"certifiable": _certifiable(report, cfg), "balanced_gain": _balanced_gain(report["balanced"], cfg),
+           "family_change": _family_change(report["families"], cfg), "family_kl": _family_kl(report["families"], cfg),
+           "marker_collapse": _marker_collapse(report, cfg), "beats_champion": _beats_champion(report, champion, cfg)}
+    for name in cfg.waived():
+        ok, why = out[name]
+        if not ok and why.startswith(UNKNOWN):
+            out[name] = (True, f"waived ({why})")
+    return out
 
-    out["certifiable"] = _certifiable(report, cfg)
 
+def _balanced_gain(bal: dict, cfg: GuardrailConfig) -> tuple[bool, str]:
     if not bal["certifiable"]:
-        out["balanced_gain"] = (False, f"balanced quality not certifiable ({bal['reason']})")
-    else:
-        ok = bal["gain"] >= cfg.min_balanced_gain
-        ok_sig = not cfg.require_significant_gain or bal["gain_lo"] > 0
-        why = (f"balanced gain {_fmt(bal['gain'])} [{_fmt(bal['gain_lo'])}, {_fmt(bal['gain_hi'])}] "
-               f"vs required {cfg.min_balanced_gain:+.3f}"
-               + ("" if ok_sig else "; interval includes zero"))
-        out["balanced_gain"] = (ok and ok_sig, why)
+        return False, f"balanced quality not certifiable ({bal['reason']})"
+    if bal["gain"] is None:
+        return False, UNKNOWN + "no reference quality to gain over (certified without the expert set)"
+    ok = bal["gain"] >= cfg.min_balanced_gain
+    ok_sig = not cfg.require_significant_gain or bal["gain_lo"] > 0
+    return ok and ok_sig, (f"balanced gain {_fmt(bal['gain'])} [{_fmt(bal['gain_lo'])}, {_fmt(bal['gain_hi'])}] "
+                           f"vs required {cfg.min_balanced_gain:+.3f}" + ("" if ok_sig else "; interval includes zero"))
 
-    worse = [f"{f} {_fmt(r['gain'])}" for f, r in fams.items()
-             if r["gain"] is not None and r["gain"] < cfg.min_family_change]
-    unknown = [f for f, r in fams.items() if r["gain"] is None]
+
+def _family_change(fams: dict, cfg: GuardrailConfig) -> tuple[bool, str]:
+    worse = [f"{f} {_fmt(fams[f]['gain'])}" for f in V.FAMILIES
+             if f in fams and fams[f]["gain"] is not None and fams[f]["gain"] < cfg.min_family_change]
+    unknown = [f for f in V.FAMILIES if f not in fams or fams[f]["gain"] is None]
     if worse or unknown:
-        out["family_change"] = (False, "; ".join(
-            ([f"worse than the reference: {', '.join(worse)}"] if worse else [])
-            + ([f"change unknown: {', '.join(unknown)}"] if unknown else [])))
-    else:
-        lowest = min(fams, key=lambda f: fams[f]["gain"])
-        out["family_change"] = (True, f"lowest family change {lowest} {_fmt(fams[lowest]['gain'])}")
+        return False, "; ".join(([f"worse than the reference: {', '.join(worse)}"] if worse else [])
+                                + ([f"change unknown: {', '.join(unknown)}"] if unknown else []))
+    lowest = min(V.FAMILIES, key=lambda f: fams[f]["gain"])
+    return True, f"lowest family change {lowest} {_fmt(fams[lowest]['gain'])}"
 
-    far = [f"{f} {r['kl']:.2f}" for f, r in fams.items() if r["kl"] > cfg.max_family_kl]
-    top = max(fams, key=lambda f: fams[f]["kl"])
-    out["family_kl"] = (not far, f"KL above {cfg.max_family_kl:g}: {', '.join(far)}" if far
-                        else f"max family KL {top} {fams[top]['kl']:.2f} <= {cfg.max_family_kl:g}")
 
+def _family_kl(fams: dict, cfg: GuardrailConfig) -> tuple[bool, str]:
+    kls = {f: fams[f].get("kl") if f in fams else None for f in V.FAMILIES}
+    unmeasured = [f for f, kl in kls.items() if not isinstance(kl, (int, float)) or kl != kl]
+    far = [f"{f} {kl:.2f}" for f, kl in kls.items() if f not in unmeasured and kl > cfg.max_family_kl]
+    if far:
+        return False, f"KL above {cfg.max_family_kl:g}: {', '.join(far)}"
+    if unmeasured:
+        return False, UNKNOWN + f"no KL measured for {', '.join(unmeasured)} (it needs the policy's log-probs)"
+    top = max(kls, key=kls.get)
+    return True, f"max family KL {top} {kls[top]:.2f} <= {cfg.max_family_kl:g}"
+
+
+def _marker_collapse(report: dict, cfg: GuardrailConfig) -> tuple[bool, str]:
+    if report.get("shortcut_rules") is None:
+        return False, UNKNOWN + ("no diagnostic: the certification counted no flagged shortcut (certify "
+                                 "--diagnostic F)")
     collapsed, checked = [], 0
-    for f, r in fams.items():
+    for f, r in report["families"].items():
         for s in r.get("shortcuts", []):
             checked += 1
-            rise = s["policy_count"] - s["reference_count"]
-            if rise > cfg.max_marker_increase:
+            if s["policy_count"] - s["reference_count"] > cfg.max_marker_increase:
                 collapsed.append(f"{f} {SR.describe(s)} {s['reference_count']:.2f}->{s['policy_count']:.2f}")
-    out["marker_collapse"] = (not collapsed, "collapse onto flagged shortcuts: " + ", ".join(collapsed)
-                              if collapsed else f"{checked} flagged shortcut(s) within "
-                              f"+{cfg.max_marker_increase:g} of the reference")
+    if collapsed:
+        return False, "collapse onto flagged shortcuts: " + ", ".join(collapsed)
+    return True, f"{checked} flagged shortcut(s) within +{cfg.max_marker_increase:g} of the reference"
 
+
+def _beats_champion(report: dict, champion: dict | None, cfg: GuardrailConfig) -> tuple[bool, str]:
+    bal = report["balanced"]
     if champion is None:
-        out["beats_champion"] = (True, "no current champion")
-    elif expert_set_sha256(report) is None or expert_set_sha256(report) != expert_set_sha256(champion):
-        out["beats_champion"] = (False, "cannot compare with the champion: its certification and this one were not "
-                                 f"made on the same expert set (sha256 {str(expert_set_sha256(champion))[:12]} vs "
-                                 f"{str(expert_set_sha256(report))[:12]}); certify both on one expert set")
-    elif not bal["certifiable"] or not champion["balanced"]["certifiable"]:
-        out["beats_champion"] = (False, "cannot compare with the champion: a balanced estimate is missing")
-    else:
-        c = champion["balanced"]["estimate"]
-        ok = bal["estimate"] > c + cfg.champion_margin
-        out["beats_champion"] = (ok, f"certified balanced {bal['estimate']:.3f} vs champion {c:.3f}")
-    return out
+        return True, "no current champion"
+    if expert_set_sha256(report) is None or expert_set_sha256(report) != expert_set_sha256(champion):
+        return False, ("cannot compare with the champion: its certification and this one were not made on the "
+                       f"same expert set (sha256 {str(expert_set_sha256(champion))[:12]} vs "
+                       f"{str(expert_set_sha256(report))[:12]}); certify both on one expert set")
+    if not bal["certifiable"] or not champion["balanced"]["certifiable"]:
+        return False, "cannot compare with the champion: a balanced estimate is missing"
+    c = champion["balanced"]["estimate"]
+    return bal["estimate"] > c + cfg.champion_margin, f"certified balanced {bal['estimate']:.3f} vs champion {c:.3f}"
+
+
+SHORT = {"min_balanced_gain": "gain", "require_significant_gain": "sig", "min_family_change": "change",
+         "min_ess": "ess", "max_khat": "khat", "min_labels": "labels", "max_family_kl": "kl",
+         "max_marker_increase": "marker", "champion_margin": "margin", "waive": "waive", "level": "level",
+         "ess_widening": "ess_w", "label_widening": "label_w", "family_correlation": "corr"}
+TAG = "non_default"
+TAG_WIDTH = 30
+"""MLflow's registry list shows a version's tag as `key: value`, whole up to about this many characters."""
+
+
+def non_default_tag(loosened: list[str]) -> str | None:
+    """The value of a version's `non_default` tag naming, briefly, every non-default threshold it was
+    released under (non_default's `name=value` items; certify's as `c.name`), `+N` for those that do not
+    fit in TAG_WIDTH with the key; None when there are none."""
+    names = []
+    for item in loosened:
+        name = item.split("=", 1)[0]
+        short = SHORT.get(name.removeprefix("certify."), name.removeprefix("certify."))
+        names.append(("c." if name.startswith("certify.") else "") + short)
+    if not names:
+        return None
+    room = TAG_WIDTH - len(TAG) - 2
+    for k in range(len(names), 0, -1):
+        text = ",".join(names[:k]) + (f"+{len(names) - k}" if k < len(names) else "")
+        if len(text) <= room:
+            return text
+    return f"{len(names)} thresholds"

@@ -6,6 +6,8 @@ version's LoggedModel. The version is tagged with the run and its report's sha25
 leaves it untagged (the labels it used and the correction's sha256 are the run's metric and params)."""
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import os
 from collections.abc import Callable
@@ -17,7 +19,7 @@ from rlhf_mlflow.core.checkpoint import content_sha256
 from rlhf_mlflow.core.errors import InputError
 from rlhf_mlflow.core.files import atomic_write_json
 from rlhf_mlflow.core.reward_wrapper import load_wrapper
-from rlhf_mlflow.core.world_paths import WORLD_INPUTS, WorldPaths, world_file_problem
+from rlhf_mlflow.core.world_paths import WORLD_INPUTS, WorldPaths, input_problem
 from rlhf_mlflow.decisions import certify as C
 from rlhf_mlflow.decisions.label_requests import check_labels
 from rlhf_mlflow.steps.figures import certification_plot
@@ -27,6 +29,7 @@ from rlhf_mlflow.tracking import metric_names as MN
 from rlhf_mlflow.tracking import registry as REG
 from rlhf_mlflow.tracking import rm_registry as RMR
 from rlhf_mlflow.tracking import runs as T
+from rlhf_mlflow.tracking import world_record as WR
 
 
 def world_inputs(world: WorldPaths | None, **explicit) -> dict:
@@ -42,25 +45,34 @@ def world_inputs(world: WorldPaths | None, **explicit) -> dict:
     return out
 
 
-def world_input_problem(key: str, path: str, world_hash: str) -> str | None:
-    """Why `path` (certify's input `key`) is not world `world_hash`'s, or None: a file of the world as
-    its builder wrote it, or, for the reward model, a registered `rlhf-reward-model` version of that
-    world (a repaired one, byte for byte: its sha256 tag)."""
-    problem = world_file_problem(path, world_hash)
-    if problem and key == "rm_dir" and os.path.isdir(path) and RMR.find(world_hash, content_sha256(path)) is not None:
+def world_input_problem(key: str, path: str, record: WR.WorldRecord) -> str | None:
+    """Why `path` (certify's input `key`) is not the world `record` recorded, or None: the world's own file
+    (directory) as recorded, or, for the reward model, a version of `rlhf-reward-model` repaired on that
+    world, byte for byte (every file of its directory)."""
+    problem = input_problem(key, path, record.files)
+    if problem and key == "rm_dir" and os.path.isdir(path) and RMR.find(record.digest, content_sha256(path)) is not None:
         return None
     return problem
 
 
-def check_world_inputs(inputs: dict, world_hash: str | None, version) -> None:
-    """A version trained on a world built here is certified on that world's files as it was built
-    (its manifest's hashes), or on a reward model registered for it, whichever options named them;
-    InputError naming the first that is not."""
+def check_world_inputs(inputs: dict, record: WR.WorldRecord | None, version) -> None:
+    """A version trained on a world is certified on that world's files as its training run recorded them,
+    or on a reward model repaired on that world, whichever options named them; InputError naming the
+    first that is not. A version trained on no world (record None) is certified on whatever it is given."""
     for k in WORLD_INPUTS:
-        problem = world_hash and inputs.get(k) and world_input_problem(k, inputs[k], world_hash)
+        problem = record and inputs.get(k) and world_input_problem(k, inputs[k], record)
         if problem:
-            raise InputError(f"--{k.replace('_', '-')}: version {version} was trained on world {world_hash}, "
-                             f"and {problem}")
+            raise InputError(f"--{k.replace('_', '-')}: version {version} was trained on world "
+                             f"{record.digest[:12]} (recorded by its training run {record.run_id}), and {problem}")
+
+
+RULES_PARAM = "shortcut_rules_sha256"
+
+
+def rules_sha256(rules: list[dict] | None) -> str:
+    """sha256 of a certification's flagged shortcut rules (null: no diagnostic was given), as its run logs
+    them: the rules decide marker_collapse, and a report is an artifact that can be replaced."""
+    return hashlib.sha256(json.dumps(rules, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
 CHARTED = (("estimate", "certified"), ("lo", "certified_lo"), ("hi", "certified_hi"), ("gain", "gain"),
@@ -129,8 +141,12 @@ def run_certify(version: str | None = None, policy: str | None = None, world: Wo
               **{f"certify.{k}": v for k, v in cfg.__dict__.items()}}
     if wrapper:
         params["correction_sha256"] = wrapper.sha256
-    if version:  # before the run: a version of another world, or another world's files, refused with nothing logged
-        check_world_inputs(inputs, REG.version_for_world(version, world).tags.get("world_hash"), version)
+    # before the run: a version of another world, another world's files, or a world whose files are not
+    # the store's record of it, refused with nothing logged
+    if version:
+        check_world_inputs(inputs, WR.version_record(REG.version_for_world(version, world)), version)
+    if world:
+        params.update(WR.world_params(world))
     with T.tracked_run("certify", params, tags=tags,
                        run_name=(f"certify-v{version}" if version else "certify") + ("-labels" if policy_labels else "")) as run:
         model_id = None
@@ -142,6 +158,7 @@ def run_certify(version: str | None = None, policy: str | None = None, world: Wo
         report = C.certify(policy, inputs["reference"], inputs["gold"], rm_dir=inputs.get("rm_dir"),
                            correction=wrapper, diagnostic=diagnostic, pilot_prompts=inputs.get("pilot_prompts"),
                            cfg=cfg, policy_labels=inputs.get("policy_labels"))
+        T.log_params({RULES_PARAM: rules_sha256(report.get("shortcut_rules"))})  # what release checks them by
         report["subject"] = ({"registered_model": REG.REGISTERED_MODEL, "model_version": str(version),
                               "model_id": model_id} if version else {"policy": policy})
         _log_report(report, model_id, labels, out)
@@ -188,6 +205,9 @@ def _summary_line(report: dict, version) -> str:
     who = f"version {version}" if version else "policy"
     if not b["certifiable"]:
         return f"certify {who}: balanced quality NOT certifiable ({b['reason']})"
+    if b["gain"] is None:
+        return (f"certify {who}: balanced {b['estimate']:.3f} [{b['lo']:.3f}, {b['hi']:.3f}], gain unknown (no "
+                "expert set: the reference's quality)")
     return (f"certify {who}: balanced {b['estimate']:.3f} [{b['lo']:.3f}, {b['hi']:.3f}], "
             f"gain {b['gain']:+.3f} [{b['gain_lo']:+.3f}, {b['gain_hi']:+.3f}] vs reference {b['reference']:.3f}")
 

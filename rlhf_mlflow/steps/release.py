@@ -18,7 +18,8 @@ from rlhf_mlflow.core.errors import InputError
 from rlhf_mlflow.core.world_paths import WORLD_INPUTS
 from rlhf_mlflow.decisions import certify as C
 from rlhf_mlflow.decisions import guardrails as G
-from rlhf_mlflow.steps.certify import world_input_problem
+from rlhf_mlflow.steps.certify import RULES_PARAM, rules_sha256, world_input_problem
+from rlhf_mlflow.decisions.table_certify import table_report
 from rlhf_mlflow.steps.reports import (
     failed_tags,
     gate_markdown,
@@ -29,6 +30,7 @@ from rlhf_mlflow.steps.reports import (
 from rlhf_mlflow.tracking import metric_names as MN
 from rlhf_mlflow.tracking import registry as REG
 from rlhf_mlflow.tracking import runs as T
+from rlhf_mlflow.tracking import world_record as WR
 from rlhf_mlflow.tracking.release_lock import ReleaseLock
 
 
@@ -76,6 +78,7 @@ def run_release(version: str, certification_run: str | None = None, guardrails: 
             REG.set_tags(mv.version, {"release.decision": "promoting" if passed else "refused",
                                       "release.run_id": run.info.run_id})
             REG.set_failed(mv.version, failed_tags(results, report, REG.FAILED))
+            REG.set_or_clear(mv.version, G.TAG, G.non_default_tag(loosened))
             if passed:
                 REG.move_champion(mv.version)
                 REG.set_tags(mv.version, {"release.decision": "promoted"})
@@ -144,7 +147,8 @@ def _describe(mv, results: dict, decision: str, report: dict, loosened: list[str
 
 COMPARED = ("certifiable", "estimate", "lo", "hi", "gain", "gain_lo", "gain_hi", "ess", "kl")
 TOLERANCE = 1e-3  # float summation order differs between thread counts; a doctored number is far off
-INPUTS = ("reference", "gold", "rm_dir", "pilot_prompts", "correction", "policy_labels")
+INPUTS = ("reference", "gold", "rm_dir", "pilot_prompts", "correction", "policy_labels", "samples", "labels",
+          "expert_set")
 TRUST_FLAG = "--trust-remote-evidence"
 
 
@@ -152,7 +156,7 @@ def recompute_certification(report: dict, version, run_id: str, trust_remote: bo
     """Recompute the certification from the inputs it names and compare it with the report; raise
     InputError on any difference. Before that, the report must name the inputs and thresholds the
     certify run's own (immutable) parameters name, and each input must be on this machine with the
-    content it was certified with (files of the version's world as that world's manifest lists them).
+    content it was certified with (files of the version's world as its training run recorded them).
     Inputs not on this machine are refused unless `trust_remote` (the flag TRUST_FLAG): then the
     certification is released on its provenance alone, and the returned words (recorded on the
     version) say so. Returns "recomputed" or those words."""
@@ -161,20 +165,22 @@ def recompute_certification(report: dict, version, run_id: str, trust_remote: bo
     problem = _disagrees_with_params(report, T.get_run(run_id).data.params)
     if problem:
         raise InputError(refuse + problem)
-    if not inputs.get("reference") or not inputs.get("gold"):
-        raise InputError(refuse + "its report names no reference or expert set to recompute it from")
+    needed = ("samples", "labels") if report.get("kind") == "table" else ("reference", "gold")
+    if not all(inputs.get(k) for k in needed):
+        raise InputError(refuse + f"its report names no {' or '.join(needed)} to recompute it from")
     absent = [k for k in INPUTS if inputs.get(k) and not os.path.exists(inputs[k])]
     changed = [f"{k} {inputs[k]}" for k in INPUTS if inputs.get(k) and k not in absent
                and hashes.get(k) != content_sha256(inputs[k])]
     if changed:
         raise InputError(refuse + f"its input {changed[0]} changed after it was certified (sha256 differs): certify "
                          "the version again on the inputs as they are")
-    world_hash = version.tags.get("world_hash")
+    record = WR.version_record(version)
     for k in WORLD_INPUTS:
-        if world_hash and inputs.get(k) and k not in absent:
-            wrong = world_input_problem(k, inputs[k], world_hash)
+        if record and inputs.get(k) and k not in absent:
+            wrong = world_input_problem(k, inputs[k], record)
             if wrong:
-                raise InputError(refuse + f"its {k} is not the version's world's: {wrong}")
+                raise InputError(refuse + f"its {k} is not the version's world's as its training run recorded "
+                                 f"it: {wrong}")
     if absent:
         where = ", ".join(f"{k} {inputs[k]}" for k in absent)
         if not trust_remote:
@@ -197,6 +203,9 @@ def _disagrees_with_params(report: dict, params: dict) -> str | None:
             return f"its report names {k} {said}, its certify run's parameters {k} {ran}"
         if logged(f"{k}_sha256") is not None and hashes.get(k) != logged(f"{k}_sha256"):
             return f"its report's {k} sha256 is not the one its certify run logged"
+    if params.get(RULES_PARAM) != rules_sha256(report.get("shortcut_rules")):
+        return ("its report's shortcut rules are not the ones its certify run logged" if params.get(RULES_PARAM)
+                else "its certify run logged no shortcut rules (certified before they were recorded): certify again")
     for k, v in config.items():
         ran = logged(f"certify.{k}")
         if ran is not None and _number(ran) != _number(v):
@@ -215,10 +224,12 @@ def _number(v):
 
 def _recomputed(report: dict, version) -> dict:
     inputs = report["inputs"]
+    if report.get("kind") == "table":  # a policy certified from its samples: from the same tables
+        return table_report(inputs, _certify_config(report), report.get("shortcut_rules"), recorded_rules=True)
     policy_dir, _ = REG.download_policy(version.version)
     return C.certify(policy_dir, inputs["reference"], inputs["gold"], rm_dir=inputs.get("rm_dir"),
                      correction=inputs.get("correction"), pilot_prompts=inputs.get("pilot_prompts"),
-                     cfg=_certify_config(report), shortcuts=report.get("shortcut_rules") or [],
+                     cfg=_certify_config(report), shortcuts=report.get("shortcut_rules"),
                      policy_labels=inputs.get("policy_labels"))
 
 

@@ -246,6 +246,14 @@ def set_tags(version: str | int, tags: dict, name: str = REGISTERED_MODEL) -> No
         c.set_model_version_tag(name, str(version), k, str(v)[:4900])
 
 
+def set_or_clear(version: str | int, key: str, value: str | None, name: str = REGISTERED_MODEL) -> None:
+    """The version's tag `key` set to `value`, or removed when `value` is None (nothing stale left)."""
+    if value is not None:
+        set_tags(version, {key: value}, name)
+    elif key in client().get_model_version(name, str(version)).tags:
+        client().delete_model_version_tag(name, str(version), key)
+
+
 FAILED = "failed."
 """A version's `failed.<guardrail>` tags: what the registry's list shows of a refusal (MLflow's UI cuts a
 version's description there to its first 29 characters; a tag of up to 30 characters shows whole)."""
@@ -280,6 +288,26 @@ def move_champion(version: str | int, name: str = REGISTERED_MODEL, alias: str =
     now = champion_version(name, alias)
     if now is None or str(now.version) != str(version):
         raise RuntimeError(f"{alias} alias reads {now.version if now else None} right after moving it to {version}")
+
+
+def register_external(recipe: str, model_uri: str, run_id: str, input_sha256: dict[str, str]) -> str:
+    """A new version of `rlhf-policy` whose model lives elsewhere (`model_uri`: any MLflow model URI or
+    path), its run the certify run that certified it from its samples, its tags the evidence's lineage;
+    returns the version."""
+    c = client()
+    try:
+        c.create_registered_model(REGISTERED_MODEL)
+    except mlflow.exceptions.MlflowException as e:
+        if e.error_code != "RESOURCE_ALREADY_EXISTS":  # another writer made it first
+            raise
+    tags = {"recipe": recipe, "external": "true",
+            **{f"{k}_sha256": v[:16] for k, v in input_sha256.items() if k in ("samples", "labels")}}
+    try:
+        mv = c.create_model_version(REGISTERED_MODEL, source=model_uri, run_id=run_id, tags=tags)
+    except mlflow.exceptions.MlflowException as e:
+        raise InputError(f"--model-uri {model_uri}: MLflow refused it as a model version's source "
+                         f"({str(e).splitlines()[0]})") from None
+    return str(mv.version)
 
 
 def download_policy(version: str | int, name: str = REGISTERED_MODEL) -> tuple[str, str]:
