@@ -8,7 +8,7 @@ import sys
 
 import click
 
-from rlhf_mlflow.cli import evaluate, history, labels, release, scale_out, train, world
+from rlhf_mlflow.cli import evaluate, history, labels, release, scale_out, tables, train, world
 from rlhf_mlflow.core.errors import InputError
 
 
@@ -45,6 +45,6 @@ def cli(quiet):
                         stream=sys.stderr)
 
 
-for _module in (world, train, evaluate, release, labels, history, scale_out):
+for _module in (world, train, evaluate, release, tables, labels, history, scale_out):
     for _command in _module.COMMANDS:
         cli.add_command(_command)

@@ -9,7 +9,10 @@ from rlhf_mlflow.training.repair_rm import RepairConfig as RepairDefaults
 
 
 @click.command("label-requests")
-@click.option("--model-version", required=True, help="The rlhf-policy version whose responses are to be labelled.")
+@click.option("--model-version", default=None, help="The rlhf-policy version whose responses are to be labelled.")
+@click.option("--samples", default=None,
+              help="Or a table of a policy's samples (JSONL, CSV or Parquet; see certify-table): the requests are "
+                   "rows of it, one per prompt, no model needed.")
 @world_option
 @click.option("--families", default="auto", show_default=True,
               help="auto (the families its certification refused off-policy), all, or F,G,...")
@@ -17,10 +20,16 @@ from rlhf_mlflow.training.repair_rm import RepairConfig as RepairDefaults
               help="Requests per family (the first K of a fixed order: a larger K extends a smaller one).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the prompt order and the responses.")
 @click.option("--out", default="label_requests.jsonl", show_default=True, help="The requests (JSONL, no labels).")
-def label_requests_cmd(model_version, world, families, per_family, seed, out):
+def label_requests_cmd(model_version, samples, world, families, per_family, seed, out):
     """Ask for expert labels on a version's own responses (expert-set prompts), as an MLflow run."""
-    from rlhf_mlflow.steps.label_requests import run_label_requests
+    from rlhf_mlflow.steps.label_requests import run_label_requests, run_table_requests
     from rlhf_mlflow.steps.outputs import check_out
+    if bool(model_version) == bool(samples):
+        raise click.UsageError("give exactly one of --model-version or --samples")
+    if samples:
+        echo_json(run_table_requests(samples, "all" if families == "auto" else families, per_family, seed, out,
+                                     echo=echo_err))
+        return
     check_out(out)  # before the default world is built; the step checks again with its inputs
     echo_json(run_label_requests(model_version, resolve_world(world), families, per_family, seed, out, echo=echo_err))
 

@@ -2,7 +2,9 @@
 
     python -m rlhf_mlflow.certify --policy D --reference D --gold F --out F [--rm-dir D ...] [--policy-labels F]
     python -m rlhf_mlflow.diagnostic --rm-dir D --policy-dir D --prompts F [--gold F] --out F
+    python -m rlhf_mlflow.certify_table --samples F --labels F [--expert-set F] [--diagnostic F] --out F
     python -m rlhf_mlflow.label_requests --policy D --reference D --gold F --per-family K --out F
+    python -m rlhf_mlflow.label_requests --samples F --per-family K --out F
     python -m rlhf_mlflow.repair_rm --rm-dir D --qa F [--gold F] --labels F [F ...] [--diagnostic F]
                                     [--policy-dir D --prompts F] --out D
 
@@ -46,24 +48,58 @@ def certify_main(argv: list[str] | None = None) -> int:
     return _run(work, a)
 
 
+def certify_table_main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m rlhf_mlflow.certify_table",
+                                 description="Certify a policy trained anywhere from a table of its samples and "
+                                             "expert labels on some of them (decisions/table_certify.py).")
+    ap.add_argument("--samples", required=True, help="the policy's samples: JSONL, CSV or Parquet (id, family, prompt "
+                                                     "or attrs, response, score[, logp_policy, logp_reference])")
+    ap.add_argument("--labels", required=True, help="expert labels on some samples: id, label")
+    ap.add_argument("--expert-set", default=None, help="labelled reference samples (the reference's quality)")
+    ap.add_argument("--diagnostic", default=None, help="diagnostic evidence JSON (shortcut counts)")
+    ap.add_argument("--out", required=True, help="where to write the certification JSON")
+    ap.add_argument("--min-labels", type=int, default=20, help="labels a family needs to be certified from them")
+    ap.add_argument("--label-looks", type=int, default=1, help="rounds of labels looked at (union bound)")
+    ap.add_argument("--seed", type=int, default=0)
+    a = ap.parse_args(argv)
+
+    def work() -> dict:
+        import os
+
+        from rlhf_mlflow.decisions.certify import CertifyConfig
+        from rlhf_mlflow.decisions.table_certify import table_report
+        inputs = {k: os.path.abspath(v) for k, v in vars(a).items()
+                  if k in ("samples", "labels", "expert_set", "diagnostic") and v}
+        return table_report(inputs, CertifyConfig(seed=a.seed, min_labels=a.min_labels, label_looks=a.label_looks))
+    return _run(work, a)
+
+
 def label_requests_main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m rlhf_mlflow.label_requests",
-                                 description="The policy's own responses on the expert set's prompts, to be labelled.")
-    ap.add_argument("--policy", required=True, help="policy checkpoint directory")
-    ap.add_argument("--reference", required=True, help="reference policy directory (the expert set's sampler)")
-    ap.add_argument("--gold", required=True, help="expert set: labelled JSONL whose prompts are used")
+                                 description="The policy's own responses on the expert set's prompts, to be labelled "
+                                             "(or rows of a table of its samples: --samples).")
+    ap.add_argument("--samples", default=None, help="a table of the policy's samples (instead of the three below)")
+    ap.add_argument("--policy", default=None, help="policy checkpoint directory")
+    ap.add_argument("--reference", default=None, help="reference policy directory (the expert set's sampler)")
+    ap.add_argument("--gold", default=None, help="expert set: labelled JSONL whose prompts are used")
     ap.add_argument("--per-family", type=int, required=True, help="requests per family")
     ap.add_argument("--families", default=None, help="comma-separated families (default: all)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", required=True, help="where to write the requests (JSONL)")
     a = ap.parse_args(argv)
 
+    if bool(a.samples) == bool(a.policy and a.reference and a.gold):
+        ap.error("give --samples, or --policy, --reference and --gold")
+
     def work() -> list[dict]:
         from rlhf_mlflow.core import model as M
         from rlhf_mlflow.core import records as D
-        from rlhf_mlflow.decisions.label_requests import draw_requests
-        M.load_policy(a.reference)  # checked, like certify's reference
+        from rlhf_mlflow.decisions.label_requests import draw_requests, draw_table_requests
         families = [f.strip() for f in a.families.split(",")] if a.families else None
+        if a.samples:
+            from rlhf_mlflow.core.tables import read_samples
+            return draw_table_requests(read_samples(a.samples), a.per_family, families, a.seed)
+        M.load_policy(a.reference)  # checked, like certify's reference
         return draw_requests(M.load_policy(a.policy)[0], D.read_jsonl(a.gold, labelled=True), a.per_family,
                              families, a.seed)
     return _run(work, a, jsonl=True)

@@ -42,7 +42,7 @@ from rlhf_mlflow.core.reward_wrapper import RewardWrapper, load_wrapper
 from rlhf_mlflow.decisions import labelled as L
 from rlhf_mlflow.decisions import ope_math as O
 from rlhf_mlflow.decisions.label_requests import read_labels
-from rlhf_mlflow.decisions.evidence import families_evidence, family_evidence, fixed_evidence  # noqa: F401 (certify's API)
+from rlhf_mlflow.decisions.evidence import families_evidence, family_evidence, fixed_evidence, scores  # noqa: F401 (certify's API)
 from rlhf_mlflow.decisions.overlap import support
 from rlhf_mlflow.decisions.overlap import weight_support as _weight_support
 from rlhf_mlflow.decisions.policy_labels import (expert_evidence, label_arrays, label_rule, predictor_arrays,  # noqa: F401
@@ -133,7 +133,11 @@ def bootstrap_rows(rng: np.random.Generator, n: int, n_boot: int) -> np.ndarray:
 
 def estimate_family(ev: dict, cfg: CertifyConfig, idx: np.ndarray) -> tuple[dict, np.ndarray, np.ndarray]:
     """One family's report row, plus its bootstrap draws of (estimate, reference mean) over the
-    resamples `idx` of its expert rows (bootstrap_rows)."""
+    resamples `idx` of its expert rows (bootstrap_rows). Without log-ratios (a table that gave the
+    policy's log-probs of no expert row) the expert set is no evidence about the policy: the row is
+    refused, saying so (`ev["why_not"]`), and only labels can certify it."""
+    if "log_ratios" not in ev:
+        return _without_off_policy(ev, idx)
     lw, y = ev["log_ratios"], ev["labels"]
     n = len(y)
     row = {"n": n, "reference": float(y.mean()), "snips": O.snips(lw, y), "ess": O.kish_ess(lw),
@@ -156,6 +160,8 @@ def estimate_family(ev: dict, cfg: CertifyConfig, idx: np.ndarray) -> tuple[dict
         row["method"] = "snips"
         point = row["snips"]
         draws = (p * y[idx]).sum(1)
+        if "calibration" in ev:  # a table's scores, calibrated on the expert set: labels' predictor
+            row["calibration"] = ev["calibration"]
     row.update(support(row["ess"], row["khat"], row["pop_ess"], n, cfg))
     if not cfg.off_policy and row["certifiable"]:
         row.update(certifiable=False, reason=IN_SAMPLE)
@@ -171,25 +177,46 @@ def estimate_family(ev: dict, cfg: CertifyConfig, idx: np.ndarray) -> tuple[dict
     return row, draws, ref_draws
 
 
+def _without_off_policy(ev: dict, idx: np.ndarray) -> tuple[dict, np.ndarray, np.ndarray]:
+    y = np.asarray(ev["labels"], float)
+    ref_draws = y[idx].mean(1) if len(y) else np.zeros(len(idx))
+    row = {"n": len(y), "reference": float(y.mean()) if len(y) else None, "ess": None, "pop_ess": None,
+           "khat": None, "kl": ev.get("kl"), "shortcuts": ev["shortcuts"], "method": None,
+           "certifiable": False, "reason": ev["why_not"], "estimate": None, "lo": None, "hi": None, "gain": None,
+           "gain_lo": None, "gain_hi": None}
+    if "calibration" in ev:
+        row["calibration"] = ev["calibration"]
+    return row, ref_draws.copy(), ref_draws
+
+
 def _boot_weights(lw: np.ndarray, idx: np.ndarray) -> np.ndarray:
     lwb = lw[idx]
     w = np.exp(lwb - lwb.max(1, keepdims=True))
     return w / w.sum(1, keepdims=True)
 
 
-def estimate_families(evidence: dict[str, dict], labelled: dict[str, list[dict]], rm, wrapper,
-                      cfg: CertifyConfig) -> tuple[dict, dict, dict]:
-    """Every family's row and bootstrap draws from its evidence (family_evidence), certified from the
-    policy labels where `labelled` has them: what certify reports, without sampling anything again."""
+def estimate_families(evidence: dict[str, dict], labelled: dict[str, list[dict]],
+                      label_scores: dict[str, np.ndarray | None], cfg: CertifyConfig) -> tuple[dict, dict, dict]:
+    """Every family's row and bootstrap draws from its evidence (family_evidence, or a table's:
+    table_evidence.py), certified from the policy labels where `labelled` has them (`label_scores`: the
+    corrected reward model's scores of those labelled responses, None without a reward model): what
+    certify reports, from arrays, without sampling anything again."""
     rng = np.random.default_rng(cfg.seed)
     rows, draws, ref_draws = {}, {}, {}
     for f, ev in evidence.items():
-        rows[f], draws[f], ref_draws[f] = estimate_family(ev, cfg, bootstrap_rows(rng, len(ev["labels"]), cfg.n_boot))
+        idx = bootstrap_rows(rng, len(ev["labels"]), cfg.n_boot) if len(ev["labels"]) else np.zeros((cfg.n_boot, 0), int)
+        rows[f], draws[f], ref_draws[f] = estimate_family(ev, cfg, idx)
         if f in labelled:  # a stream of its own: labels on one family leave every other family's numbers as they were
             label_rng = np.random.default_rng([cfg.seed, 1 + V.FAMILIES.index(f)])
-            rows[f], ppi_draws = with_labels(rows[f], ev, labelled[f], rm, wrapper, cfg, label_rng)
+            rows[f], ppi_draws = with_labels(rows[f], ev, labelled[f], label_scores.get(f), cfg, label_rng)
             draws[f] = draws[f] if ppi_draws is None else ppi_draws
     return rows, draws, ref_draws
+
+
+def labelled_scores(rm, wrapper, labelled: dict[str, list[dict]]) -> dict[str, np.ndarray | None]:
+    """Per family, the (corrected) reward model's scores of its labelled responses (None: no reward model)."""
+    return {f: None if rm is None else scores(rm, wrapper, rows, D.prompts_tensor(rows), D.responses_tensor(rows))
+            for f, rows in labelled.items()}
 
 
 def aggregate(rows: dict, draws: dict, ref_draws: dict, weights: dict[str, float], cfg: CertifyConfig) -> dict:
@@ -240,7 +267,8 @@ def certify(policy_dir: str, reference_dir: str, gold_path: str, *, rm_dir: str 
     `rm_dir` enables the direct and doubly-robust estimates; `correction` is a reward-wrapper file
     (from `rlhf_mlflow.correction`), or one already loaded, applied to the reward model's scores;
     `diagnostic` (evidence JSON, path or dict) adds the flagged shortcuts' counts under the policy and
-    the reference (`shortcuts`, the flagged rules themselves, instead: how a report is recomputed);
+    the reference (`shortcuts`, the flagged rules themselves, instead: how a report is recomputed; with
+    neither, the report's `shortcut_rules` is null: no shortcut was looked for);
     `pilot_prompts` adds the `pilot` aggregate weighted by that file's family mix; `policy_labels` (a
     JSONL file of the policy's own responses labelled by the expert, see label_requests.py) certifies
     the families that have enough of them by PPI (labelled.py). The report records its inputs, their
@@ -251,7 +279,10 @@ def certify(policy_dir: str, reference_dir: str, gold_path: str, *, rm_dir: str 
     reference, _ = M.load_policy(reference_dir)
     rm = R.load_rm(rm_dir)[0] if rm_dir else None
     wrapper = correction if isinstance(correction, RewardWrapper) else load_wrapper(correction)
-    shortcuts = SR.flagged_from(diagnostic) if shortcuts is None else shortcuts
+    # None: no diagnostic was given, so nobody looked for shortcuts (marker_collapse is then unknown);
+    # []: a diagnostic flagged none
+    if shortcuts is None and diagnostic is not None:
+        shortcuts = SR.flagged_from(diagnostic)
     gen = torch.Generator().manual_seed(cfg.seed)
     by_family = D.group_by_family(gold)
     labelled = D.group_by_family(read_labels(policy_labels)) if policy_labels else {}
@@ -261,8 +292,8 @@ def certify(policy_dir: str, reference_dir: str, gold_path: str, *, rm_dir: str 
             continue
         if len(by_family[f]) < 10:
             raise InputError(f"{gold_path}: family {f} has {len(by_family[f])} expert rows; certification needs >= 10")
-        evidence[f] = family_evidence(policy, reference, rm, wrapper, by_family[f], cfg, shortcuts, gen)
-    rows, draws, ref_draws = estimate_families(evidence, labelled, rm, wrapper, cfg)
+        evidence[f] = family_evidence(policy, reference, rm, wrapper, by_family[f], cfg, shortcuts or [], gen)
+    rows, draws, ref_draws = estimate_families(evidence, labelled, labelled_scores(rm, wrapper, labelled), cfg)
     report = {"estimator": ESTIMATOR_VERSION, "families": rows,
               "balanced": aggregate(rows, draws, ref_draws, {f: 1.0 for f in V.FAMILIES}, cfg),
               "config": asdict(cfg),

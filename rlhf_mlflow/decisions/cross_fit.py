@@ -61,7 +61,7 @@ def cross_fitted(ev: dict, labels: list[dict], label_scores: np.ndarray, at: np.
     y = torch.cat([torch.as_tensor(ev["labels"], dtype=torch.float32), y_lab])
     trunk = torch.cat([torch.as_tensor(ev["scores"], dtype=torch.float32),
                        torch.as_tensor(label_scores, dtype=torch.float32)])
-    fold_xp, fold_lab = prompt_folds(ev["prompts"], at, folds, seed)
+    fold_xp, fold_lab = prompt_folds(ev.get("fold_prompts", ev["prompts"]), at, folds, seed)
     fold = torch.from_numpy(np.concatenate([fold_xp, fold_lab]))
     pol_ids = ev["policy_ids"]
     m = len(pol_ids) // P

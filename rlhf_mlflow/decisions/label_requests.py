@@ -47,6 +47,27 @@ def draw_requests(policy, expert_set: list[dict], per_family: int, families: lis
     return out
 
 
+def draw_table_requests(samples: list[dict], per_family: int, families: list[str] | None = None,
+                        seed: int = 0) -> list[dict]:
+    """Up to `per_family` rows of a samples table per family to ask the expert about (core/tables.py's
+    checked rows), one per distinct prompt, the prompts in a seeded order per family (the first K are the
+    same whatever K: labels bought in rounds extend each other); each request is the row as given
+    (the seed's fields as seed records), so the labels returned name the samples' ids."""
+    out = []
+    for family in [f for f in V.FAMILIES if families is None or f in families]:
+        rows = [r for r in samples if r["family"] == family]
+        first = {}
+        for r in rows:
+            first.setdefault(r["prompt_key"], r)
+        order = torch.randperm(len(first), generator=_stream(seed, family)).tolist()
+        prompts = list(first)
+        for i in order[:per_family]:
+            r = first[prompts[i]]
+            plain = {k: v for k, v in r.items() if k not in ("prompt_key", "seed", "_at")}
+            out.append({**plain, **(r["seed"] or {})})
+    return out
+
+
 def check_labels(labels: list[dict], requests: list[dict] | None, where: str) -> list[dict]:
     """The labelled records, or InputError naming the first problem: a duplicated id, a label outside
     [0, 1] (or not finite), and with `requests`, an id not among them or a record that differs from

@@ -75,31 +75,38 @@ class PPI:
         return float(np.var(self.residuals, ddof=1))
 
 
-def _per_prompt(f_unlabelled) -> np.ndarray:
-    """(P, m) predictions: a 1-D array is one sample per prompt."""
+def _per_prompt(f_unlabelled) -> list[np.ndarray]:
+    """The predictions on each unlabelled prompt: rows of a (P, m) array (a 1-D array is one sample per
+    prompt), or a list of P arrays of any lengths (a table's prompts need not have equal samples)."""
+    if isinstance(f_unlabelled, list):
+        return [np.asarray(a, dtype=float).ravel() for a in f_unlabelled]
     fu = np.asarray(f_unlabelled, dtype=float)
-    return fu[:, None] if fu.ndim == 1 else fu.reshape(len(fu), -1)
+    return list(fu[:, None] if fu.ndim == 1 else fu.reshape(len(fu), -1))
 
 
 def ppi_mean(f_unlabelled: np.ndarray, f_labelled: np.ndarray, labels: np.ndarray,
              label_prompts: np.ndarray | None = None) -> PPI:
     """The PPI++ estimate of E[y] under the policy, with its standard error; `f_unlabelled` is (P, m),
-    m samples on each of P prompts (1-D: one per prompt); `label_prompts` says on which of those
-    prompts each label was drawn (-1 or None: prompts of their own)."""
+    m samples on each of P prompts (1-D: one per prompt; a list: P arrays of their own lengths), its
+    estimand the mean over prompts; `label_prompts` says on which of those prompts each label was drawn
+    (-1 or None: prompts of their own)."""
     fu = _per_prompt(f_unlabelled)
     fl, y = (np.asarray(a, dtype=float) for a in (f_labelled, labels))
     n, P = len(y), len(fu)
+    if P == 0 or any(len(a) == 0 for a in fu):
+        raise ValueError("PPI needs at least one unlabelled sample on every unlabelled prompt")
     if n < 2:
         raise ValueError(f"PPI needs at least 2 labels, got {n}")
     at = np.full(n, -1) if label_prompts is None else np.asarray(label_prompts, dtype=int)
     if len(at) != n or at.max(initial=-1) >= P:
         raise ValueError(f"label_prompts must give one row of f_unlabelled (< {P}) or -1 per label")
-    means = fu.mean(1)
+    means = np.array([a.mean() for a in fu])
+    flat = np.concatenate(fu)
     var_u = float(np.var(means, ddof=1)) / P if P > 1 else 0.0
-    var_f = np.var(np.concatenate([fu.ravel(), fl]), ddof=1)
+    var_f = np.var(np.concatenate([flat, fl]), ddof=1)
     cov = np.cov(y, fl, ddof=1)[0, 1]
     lam = 0.0 if var_f <= 1e-12 else float(np.clip(cov / (var_f + n * var_u), 0.0, 1.0))
-    est = PPI(float(lam * means.mean() + (y - lam * fl).mean()), 0.0, lam, n, fu.size, means, y - lam * fl, at)
+    est = PPI(float(lam * means.mean() + (y - lam * fl).mean()), 0.0, lam, n, len(flat), means, y - lam * fl, at)
     return replace(est, se=float(np.sqrt(_variance(est, lam * means))))
 
 
@@ -115,19 +122,19 @@ def _variance(est: PPI, a: np.ndarray) -> float:
     return max(v, est.residual_var / n / 4)   # a floor: the shared-prompt covariance is estimated too
 
 
-def paired_gain_terms(est: PPI, reference_labels: np.ndarray) -> np.ndarray | None:
+def paired_gain_terms(est: PPI, reference_labels: np.ndarray, paired: bool = True) -> np.ndarray | None:
     """Per unlabelled prompt, lam * its predictor mean - the reference's label on it, when the
-    reference's labels are on those prompts (one each, in order); else None."""
+    reference's labels are on those prompts (one each, in order: `paired`); else None."""
     ref = np.asarray(reference_labels, dtype=float)
-    if len(ref) == len(est.prompt_means) and len(ref) > 1:
+    if paired and len(ref) == len(est.prompt_means) and len(ref) > 1:
         return est.lam * est.prompt_means - ref
     return None
 
 
-def gain_se(est: PPI, reference_labels: np.ndarray) -> float:
+def gain_se(est: PPI, reference_labels: np.ndarray, paired: bool = True) -> float:
     """The standard error of estimate - mean(reference_labels): paired per prompt when the reference's
     labels are on the unlabelled samples' prompts (paired_gain_terms), else as independent."""
-    terms = paired_gain_terms(est, reference_labels)
+    terms = paired_gain_terms(est, reference_labels, paired)
     if terms is not None:
         return float(np.sqrt(_variance(est, terms)))
     ref = np.asarray(reference_labels, dtype=float)
@@ -207,6 +214,9 @@ class Rule:
     sequential: int = 0
     widening: float = 1.0
     min_labels: int = MIN_LABELS
+    paired: bool = True
+    """The reference's labels are on the unlabelled samples' prompts, one each, in order (certify's
+    expert set; a table's only where its prompts are the expert set's)."""
 
 
 def with_policy_labels(row: dict, f_unlabelled: np.ndarray, f_labelled: np.ndarray, labels: np.ndarray,
@@ -236,7 +246,7 @@ def with_policy_labels(row: dict, f_unlabelled: np.ndarray, f_labelled: np.ndarr
     look = 1 if rule.sequential else rule.looks          # the skew correction is a one-look expansion
     hw = rule.widening * half_width(est.se, n, rule.level, rule.looks, rule.sequential)
     shift = skew_shift(est, est.lam * est.prompt_means, est.se, rule.level, look)
-    g_se, terms = gain_se(est, reference_labels), paired_gain_terms(est, reference_labels)
+    g_se, terms = gain_se(est, reference_labels, rule.paired), paired_gain_terms(est, reference_labels, rule.paired)
     g_shift = skew_shift(est, est.lam * est.prompt_means if terms is None else terms, g_se, rule.level, look)
     gain_hw = rule.widening * half_width(g_se, n, rule.level, rule.looks, rule.sequential)
     gain = est.estimate - row["reference"]

@@ -76,13 +76,14 @@ def certification_plot(report: dict, truth: dict | None = None):
     rows = list(report["families"].values()) + [report["balanced"]]
     x = np.arange(len(fams))
     fig, ax = plt.subplots(figsize=(8, 3.6))
-    ax.scatter(x - 0.12, [r["reference"] for r in rows], marker="_", s=300, color="gray", label="reference")
+    reference = [np.nan if r["reference"] is None else r["reference"] for r in rows]  # None: no expert set
+    ax.scatter(x - 0.12, reference, marker="_", s=300, color="gray", label="reference")
     for i, r in enumerate(rows):
         if r["certifiable"]:
             ax.errorbar(i + 0.12, r["estimate"], yerr=[[r["estimate"] - r["lo"]], [r["hi"] - r["estimate"]]],
                         fmt="o", color="tab:blue", capsize=4, label="certified (90%)" if i == 0 else None)
         else:
-            ax.text(i + 0.12, r["reference"], "refused", rotation=90, ha="center", va="bottom", color="tab:red")
+            ax.text(i + 0.12, np.nan_to_num(reference[i]), "refused", rotation=90, ha="center", va="bottom", color="tab:red")
     if truth:
         ax.scatter(x + 0.3, [truth.get(f, np.nan) for f in fams], marker="x", color="black", label="oracle truth")
     ax.set_xticks(x, fams)

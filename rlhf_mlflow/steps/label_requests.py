@@ -61,3 +61,29 @@ def run_label_requests(version: str, world: WorldPaths, families: str = "auto", 
     echo(f"label requests for version {mv.version}: {len(requests)} ({', '.join(chosen) or 'no family'}) -> "
          f"{os.path.abspath(out)}")
     return {"run_id": run.info.run_id, "requests": len(requests), "families": chosen}
+
+
+def run_table_requests(samples: str, families: str = "all", per_family: int = 10, seed: int = 0,
+                       out: str = "label_requests.jsonl", echo: Callable[[str], None] = print) -> dict:
+    """Requests drawn from a samples table (a policy trained anywhere: decisions/label_requests.py
+    draw_table_requests), written to `out` and logged as a label_requests run; no model in this process."""
+    from rlhf_mlflow.core.checkpoint import content_sha256
+    from rlhf_mlflow.core.tables import read_samples
+    from rlhf_mlflow.decisions.label_requests import draw_table_requests
+    check_out(out, {"--samples": samples})
+    if families == "auto":
+        raise InputError("--families auto needs --model-version (the families its certification refused); with "
+                         "--samples give all or F,G,...")
+    chosen = resolve_families(families, None)
+    rows = read_samples(samples)
+    params = {"samples": os.path.abspath(samples), "samples_sha256": content_sha256(samples), "families": families,
+              "per_family": per_family, "seed": seed}
+    with T.tracked_run("label_requests", params, run_name="label-requests-table") as run:
+        requests = draw_table_requests(rows, per_family, chosen, seed)
+        raw = "".join(json.dumps(r) + "\n" for r in requests).encode()
+        atomic_write_bytes(out, raw)
+        T.log_params({REG.LABEL_REQUESTS_SHA256: T.log_bytes(raw, ARTIFACT)})
+        T.log_metrics({f"requests/{f}": sum(r["family"] == f for r in requests) for f in chosen}
+                      | {"requests/total": len(requests)})
+    echo(f"label requests from {samples}: {len(requests)} ({', '.join(chosen)}) -> {os.path.abspath(out)}")
+    return {"run_id": run.info.run_id, "requests": len(requests), "families": chosen}
