@@ -42,6 +42,7 @@ from rlhf_mlflow.core.reward_wrapper import RewardWrapper, load_wrapper
 from rlhf_mlflow.decisions import labelled as L
 from rlhf_mlflow.decisions import ope_math as O
 from rlhf_mlflow.decisions.label_requests import read_labels
+from rlhf_mlflow.decisions.mixes import aggregate  # noqa: F401 (certify's API)
 from rlhf_mlflow.decisions.evidence import families_evidence, family_evidence, fixed_evidence, scores  # noqa: F401 (certify's API)
 from rlhf_mlflow.decisions.overlap import support
 from rlhf_mlflow.decisions.overlap import weight_support as _weight_support
@@ -217,34 +218,6 @@ def labelled_scores(rm, wrapper, labelled: dict[str, list[dict]]) -> dict[str, n
     """Per family, the (corrected) reward model's scores of its labelled responses (None: no reward model)."""
     return {f: None if rm is None else scores(rm, wrapper, rows, D.prompts_tensor(rows), D.responses_tensor(rows))
             for f, rows in labelled.items()}
-
-
-def aggregate(rows: dict, draws: dict, ref_draws: dict, weights: dict[str, float], cfg: CertifyConfig) -> dict:
-    """A family mix: certifiable only if every family with weight is."""
-    fams = [f for f, w in weights.items() if w > 0]
-    total = sum(weights[f] for f in fams)
-    wt = {f: weights[f] / total for f in fams}
-    out = {"weights": wt, "reference": sum(wt[f] * rows[f]["reference"] for f in fams)}
-    missing = [f for f in fams if f not in rows]
-    refused = [f for f in fams if f in rows and not rows[f]["certifiable"]]
-    if missing or refused:
-        why = ([f"no expert rows for {', '.join(missing)}"] if missing else []) + \
-              ([f"not certifiable: {', '.join(refused)}"] if refused else [])
-        return {**out, "certifiable": False, "reason": "; ".join(why), "estimate": None, "lo": None, "hi": None,
-                "gain": None, "gain_lo": None, "gain_hi": None}
-    est = sum(wt[f] * rows[f]["estimate"] for f in fams)
-    gain = est - out["reference"]
-    w = [wt[f] for f in fams]
-    gains = {f: draws[f] - ref_draws[f] for f in fams}
-    d = est + O.mix_widening(w, [float(np.std(draws[f])) for f in fams], cfg.family_correlation) * \
-        (sum(wt[f] * draws[f] for f in fams) - est)
-    g = gain + O.mix_widening(w, [float(np.std(gains[f])) for f in fams], cfg.family_correlation) * \
-        (sum(wt[f] * gains[f] for f in fams) - gain)
-    lo_q, hi_q = (1 - cfg.level) / 2, (1 + cfg.level) / 2
-    return {**out, "certifiable": True, "reason": "ok", "estimate": est,
-            "lo": float(np.quantile(d, lo_q)), "hi": float(np.quantile(d, hi_q)),
-            "gain": gain, "gain_lo": float(np.quantile(g, lo_q)),
-            "gain_hi": float(np.quantile(g, hi_q))}
 
 
 IN_SAMPLE = "the reward model learnt from the expert set: certified from policy labels only"

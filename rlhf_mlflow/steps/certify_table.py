@@ -23,6 +23,7 @@ from rlhf_mlflow.steps.outputs import check_out
 from rlhf_mlflow.tracking import registry as REG
 from rlhf_mlflow.tracking import runs as T
 from rlhf_mlflow.tracking import world_record as WR
+from rlhf_mlflow.tracking.external_versions import register_external
 
 def run_certify_table(samples: str, labels: str, expert_set: str | None = None, diagnostic: str | None = None,
                       version: str | None = None, register: str | None = None, model_uri: str | None = None,
@@ -52,7 +53,7 @@ def run_certify_table(samples: str, labels: str, expert_set: str | None = None, 
                                                                                  if register else {})},
                        run_name=f"certify-table-{register or f'v{version}'}") as run:
         if register:
-            version = REG.register_external(register, model_uri, run.info.run_id, report["input_sha256"])
+            version = register_external(register, model_uri, run.info.run_id, report["input_sha256"])
             echo(f"certify-table: registered {model_uri} as {REG.REGISTERED_MODEL} version {version} ({register})")
         report["subject"] = {"registered_model": REG.REGISTERED_MODEL, "model_version": str(version),
                              "model_id": getattr(REG.get_version(version), "model_id", None)}

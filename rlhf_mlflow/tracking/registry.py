@@ -290,26 +290,6 @@ def move_champion(version: str | int, name: str = REGISTERED_MODEL, alias: str =
         raise RuntimeError(f"{alias} alias reads {now.version if now else None} right after moving it to {version}")
 
 
-def register_external(recipe: str, model_uri: str, run_id: str, input_sha256: dict[str, str]) -> str:
-    """A new version of `rlhf-policy` whose model lives elsewhere (`model_uri`: any MLflow model URI or
-    path), its run the certify run that certified it from its samples, its tags the evidence's lineage;
-    returns the version."""
-    c = client()
-    try:
-        c.create_registered_model(REGISTERED_MODEL)
-    except mlflow.exceptions.MlflowException as e:
-        if e.error_code != "RESOURCE_ALREADY_EXISTS":  # another writer made it first
-            raise
-    tags = {"recipe": recipe, "external": "true",
-            **{f"{k}_sha256": v[:16] for k, v in input_sha256.items() if k in ("samples", "labels")}}
-    try:
-        mv = c.create_model_version(REGISTERED_MODEL, source=model_uri, run_id=run_id, tags=tags)
-    except mlflow.exceptions.MlflowException as e:
-        raise InputError(f"--model-uri {model_uri}: MLflow refused it as a model version's source "
-                         f"({str(e).splitlines()[0]})") from None
-    return str(mv.version)
-
-
 def download_policy(version: str | int, name: str = REGISTERED_MODEL) -> tuple[str, str]:
     """(local checkpoint directory, LoggedModel id) of a registered policy version."""
     from rlhf_mlflow.tracking.policy_model import resolve_policy
