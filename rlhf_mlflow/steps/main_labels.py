@@ -61,8 +61,9 @@ def buy_labels(version: str, report: dict, world: WorldPaths, certify_kwargs: di
     """Rounds of label requests -> expert labels -> certify for one candidate; returns labels used.
     `report`: its certification from the expert set alone, whose own lines (`expert_set_lines`) are
     printed only when no labels are bought, since they are then its verdict; before a purchase the log
-    says what that pass was instead, and each look's line says how many labels it had. `cfg`: the
-    guardrails its release will apply."""
+    says what that pass was instead, and each look's line says how many labels it had (an expert
+    set with fewer than k prompts in a family gets fewer than k). `cfg`: the guardrails its release
+    will apply."""
     families = families_worth_labels(report, cfg)
     if families and budget.afford(len(families) * ROUNDS[0]):
         echo(f"expert set alone cannot certify v{version} ({', '.join(families)}): "
@@ -84,7 +85,7 @@ def buy_labels(version: str, report: dict, world: WorldPaths, certify_kwargs: di
         budget.spent += held - used
         used = held
         report = run_certify(version=version, world=world, policy_labels=labels,
-                             echo=lambda line, k=k: echo(f"  {k} labels per family: {line}"),
+                             echo=lambda line, n=held: echo(f"  {n} expert labels: {line}"),
                              cfg=CertifyConfig(label_looks=len(ROUNDS)), **certify_kwargs)["report"]
         if decided(report):
             break
