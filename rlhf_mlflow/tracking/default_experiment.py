@@ -11,10 +11,11 @@ MLflow loads this plugin while `import mlflow` is still running (its default-exp
 loads the plugin group when `mlflow.tracking.fluent` is first imported). So this module imports
 nothing from mlflow at module level, not even the provider's base class: were it the first to import
 mlflow (`from rlhf_mlflow.tracking import history` in a fresh interpreter), MLflow would find it
-half-initialised in sys.modules, without `ProjectExperimentProvider` yet ("most likely due to a circular
-import"), warn, and leave the provider out of that process. MLflow only instantiates the class and calls its two
-methods; its base class `DefaultExperimentProvider` declares them and enforces nothing
-(tests/test_readme_snippets.py imports this project before mlflow in a fresh interpreter).
+half-initialised in sys.modules, without `ProjectExperimentProvider` yet ("most likely due to a
+circular import"), warn, and leave the provider out of that process. MLflow only instantiates the
+class and calls its two methods; its base class `DefaultExperimentProvider` declares them and
+enforces nothing (tests/test_readme_snippets.py imports this project before mlflow in a fresh
+interpreter).
 """
 from __future__ import annotations
 
