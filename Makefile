@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTHON ?= python3
 
-.PHONY: run test test-all bench clean
+.PHONY: run test test-all bench screenshots clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -23,6 +23,10 @@ test-all: $(VENV)/.installed
 
 bench: $(VENV)/.installed
 	$(PY) benchmarks/train_rl_speed.py
+
+# docs/ui-*.png from this checkout's store (after `make run`); needs Debian's chromium
+screenshots: $(VENV)/.installed
+	$(PY) scripts/screenshots.py
 
 clean:
 	rm -rf $(VENV) worlds mlruns mlflow.db

@@ -2,10 +2,6 @@
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
-import time
-import urllib.request
 from contextlib import contextmanager
 from typing import Iterator
 import shutil
@@ -114,23 +110,13 @@ def story(story_store, tmp_path, tracking_uri) -> str:
 @contextmanager
 def rlhf_ui_server(store_uri: str, cwd) -> Iterator[str]:
     """`mlflow server --app-name rlhf` on `store_uri`, on a free loopback port; yields its URL."""
-    from rlhf_mlflow.tracking.server import free_port
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--app-name", "rlhf", "--backend-store-uri",
-                             store_uri, "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
-                            cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
+    from rlhf_mlflow.tracking.ui_app import served
+    server = served(store_uri, cwd)
     try:
-        deadline = time.time() + 120
-        while True:
-            try:
-                urllib.request.urlopen(url + "/health", timeout=2)
-                break
-            except OSError:
-                if proc.poll() is not None or time.time() > deadline:
-                    pytest.fail("mlflow server --app-name rlhf did not answer /health within 120 s")
-                time.sleep(0.5)
+        url = server.__enter__()
+    except RuntimeError as e:  # the server's failure, not the test's
+        pytest.fail(str(e))
+    try:
         yield url
     finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+        server.__exit__(None, None, None)

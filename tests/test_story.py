@@ -115,10 +115,29 @@ def test_each_version_says_its_verdict_and_the_main_run_names_the_champion(story
     assert all(", ".join(release_record(v)["non_default"]) == loosened
                and f"NON-DEFAULT THRESHOLDS: {loosened}." in v.description for v in versions)
     assert "main/champion_certified_balanced" in main.data.metrics
+    # a counter per decision, adding up to the candidates (a superseded version is neither promoted nor refused)
+    counts = {d: main.data.metrics[f"main/candidates_{d}"] for d in ("promoted", "superseded", "refused")}
+    assert counts == {d: sum(v.tags["release.decision"].split()[0] == d for v in versions) for d in counts}
+    assert sum(counts.values()) == len(versions) and counts["promoted"] == 1
     assert max(len(line) for line in description.splitlines()) < 140  # reads without scrolling
     for cert in (r for r in _runs() if r.data.tags["rlhf.step"] == "certify"):
         assert "certification_table.json" in {a.path for a in client.list_artifacts(cert.info.run_id)}
         assert len(cert.data.metrics) <= 8  # what a reader compares across versions; per family a table
+
+
+@pytest.mark.slow
+def test_the_log_says_the_expert_set_pass_before_bought_labels_is_no_verdict(story):
+    """A candidate certify refused from the expert set and `main` then bought labels for: its log says why
+    labels are bought, not "NOT certifiable", and each look after says how many labels it had."""
+    bought = {m.group(1) for m in re.finditer(r"version (\d+): \d+ expert labels on its own responses", story)}
+    assert bought, story
+    for v in bought:
+        assert re.search(rf"^expert set alone cannot certify v{v} \([a-z, ]+\): buying 20 labels per family$", story,
+                         re.M), story
+        assert f"certify version {v}: balanced quality NOT certifiable" not in story
+        assert re.search(rf"^  \d+ expert labels: certify version {v}: ", story, re.M), story
+    refused_unlabelled = set(re.findall(r"^certify version (\d+): balanced quality NOT certifiable", story, re.M))
+    assert refused_unlabelled and not refused_unlabelled & bought  # their verdict, printed as before
 
 
 @pytest.mark.slow
@@ -131,6 +150,21 @@ def test_runs_lists_refused_certifications_with_their_reason(story):
     refused = [r for r in certify_runs if "certify/certified/balanced" not in r.data.metrics]
     assert sum("not certifiable: " in line for line in lines) == len(refused)
     assert max(map(len, lines)) <= 120
+
+
+def test_mains_counters_name_every_decision_and_add_up_to_the_candidates():
+    import pandas as pd
+
+    from rlhf_mlflow.steps.main import _outcome_metrics
+    decisions = ["refused", "refused", "superseded by v7", "superseded by v1", "promoted", "refused"]
+    table = pd.DataFrame({"decision": decisions, "champion": [d == "promoted" for d in decisions],
+                          "certified_balanced": [None, None, 0.36, 0.40, 0.73, 0.51]})
+    metrics = _outcome_metrics(table)
+    assert {k: v for k, v in metrics.items() if k.startswith("main/candidates_")} == {
+        "main/candidates_promoted": 1.0, "main/candidates_superseded": 2.0, "main/candidates_refused": 3.0}
+    assert metrics["main/champion_certified_balanced"] == 0.73
+    assert _outcome_metrics(table.iloc[0:0]) == {f"main/candidates_{d}": 0.0
+                                                 for d in ("promoted", "superseded", "refused")}
 
 
 def test_the_rounds_table_shows_each_rounds_champion_with_its_certified_quality_and_truth():

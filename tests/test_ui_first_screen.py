@@ -1,6 +1,6 @@
 """What MLflow's UI shows first: the experiment opens on its runs (its kind), its description names
 the champion and why the others are not, and the candidates view's columns are tags each candidate's
-training run carries. A real store in a temp dir; the browser test is in test_story.py."""
+training run carries. A real store in a temp dir; the browser test is in test_ui_browser.py."""
 from __future__ import annotations
 
 import json
@@ -63,22 +63,44 @@ def test_the_front_page_names_the_champion_first_and_every_other_candidate_with_
     client = mlflow.MlflowClient()
     note = client.get_experiment(exp).tags[EV.NOTE_TAG]
     first, *rest = note.splitlines()
-    assert first == "Champion: v2 corrected-kl005-s1200, certified balanced 0.526 [0.471, 0.576], true 0.518"
+    # the one line the experiment page shows before its fold: the champion, the view's link, why not the others
+    assert first == ("Champion: v2 corrected-kl005-s1200, certified balanced 0.526 [0.471, 0.576], true 0.518 · "
+                     f"[every candidate with its verdict]({link}) · refused: v1 family_quality · superseded: v3")
     assert "- v1 default-s800: refused by family_quality, certifiable" in rest
     assert "- v3 kl05-s800: superseded by v2" in rest
-    assert f"[every candidate with its verdict]({link})" in note and f"#/experiments/{exp}/runs/mainrun" in note
+    assert f"[every candidate with its verdict]({link})" in rest[-1] and f"#/experiments/{exp}/runs/mainrun" in note
     # the view's columns are the tags on each candidate's run
     view = json.loads(client.get_experiment(exp).tags[EV.VIEW_TAG_PREFIX + EV.VIEW_KEY])
     assert link == f"#/experiments/{exp}/runs?viewStateShareKey={EV.VIEW_KEY}"
     assert EV.VERDICT in view["searchFilter"]  # the candidates only
+    # filtered and not sorted by creation time: MLflow's table shows them as top-level rows, not under main
+    assert view["orderByKey"] not in ("", "attributes.start_time")
     assert view["runsHiddenMode"] == "SHOW_ALL"
     shown = {c.split("`")[1] for c in view["selectedColumns"] if c.startswith("tags.")}
     assert {EV.VERDICT, EV.CERTIFIED, EV.TRUTH} <= shown
+    # widths apply only to columns in columnOrder; a verdict naming every guardrail fits its column
+    assert view["columnOrder"] == view["selectedColumns"]
+    longest = "refused v2: certifiable, balanced_gain, family_change, family_kl, marker_collapse"
+    assert view["columnWidths"][f"tags.`{EV.VERDICT}`"] >= 6.5 * len(longest)
+    assert view["columnWidths"][f"tags.`{EV.CERTIFIED}`"] >= 6.5 * len("0.502 [0.470, 0.536]")
     tags = [client.get_run(r).data.tags for r in run_ids]
     assert [t[EV.VERDICT] for t in tags] == ["refused v1: family_quality, certifiable", "champion v2",
                                                 "superseded v3 by v2"]
     assert [t[EV.CERTIFIED] for t in tags] == ["not certifiable", "0.526 [0.471, 0.576]", "0.310 [0.300, 0.330]"]
     assert [t[EV.TRUTH] for t in tags] == ["0.342", "0.518", "not graded"]
+
+
+def test_why_not_names_each_refused_version_by_the_first_guardrail_it_failed():
+    table = pd.DataFrame([
+        {"model_version": "3", "decision": "refused", "champion": False, "refused_by": "certifiable, family_kl"},
+        {"model_version": "8", "decision": "refused", "champion": False, "refused_by": "beats_champion"},
+        {"model_version": "2", "decision": "refused", "champion": False,
+         "refused_by": "certifiable, balanced_gain, marker_collapse"},
+        {"model_version": "7", "decision": "superseded by v1", "champion": False, "refused_by": ""},
+        {"model_version": "6", "decision": "superseded by v7", "champion": False, "refused_by": ""},
+        {"model_version": "1", "decision": "promoted", "champion": True, "refused_by": ""}])
+    assert main_view.why_not(table) == ["refused: v2, v3 not certifiable; v8 beats_champion", "superseded: v6, v7"]
+    assert main_view.why_not(table[table["champion"]]) == []
 
 
 def test_without_a_champion_the_front_page_says_so_and_names_a_loosened_gate():

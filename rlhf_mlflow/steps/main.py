@@ -145,8 +145,9 @@ def _evaluator(world: WorldPaths, out_dir: str, diagnosis: tuple[str, str | None
         budget.spent -= MR.labels_in(os.path.join(out_dir, f"labels-v{v}.jsonl"))
         run_dev_eval(REG.version_uri(v), world.policy, world.reward_model, world.prompts_dev, world.expert_set,
                      run_name=f"dev_eval-{name}")
-        report = run_certify(version=v, world=world, echo=echo, **inputs)["report"]
-        buy_labels(v, report, world, inputs, budget, out_dir, echo, gates)
+        expert_set: list[str] = []  # a verdict only if no labels follow (buy_labels)
+        report = run_certify(version=v, world=world, echo=expert_set.append, **inputs)["report"]
+        buy_labels(v, report, world, inputs, budget, out_dir, echo, gates, expert_set)
         state.mark(f"evaluated/v{v}")
     return evaluate
 
@@ -172,12 +173,18 @@ def _publish(table: pd.DataFrame, records: list[dict], parent, gates: G.Guardrai
                                              MN.MAIN + "expert_labels": labels_spent})
 
 
+DECISIONS = ("promoted", "superseded", "refused")
+"""A candidate's release decision (its version's `release.decision`, first word): the champion now, the
+champion in its turn and then beaten (`superseded by vN`), or refused by a guardrail."""
+
+
 def _outcome_metrics(table: pd.DataFrame) -> dict:
     """What a user charts across main runs: the champion's certified balanced quality (if this run
-    made one), candidates promoted and refused."""
+    made one), and the candidates per decision (`main/candidates_<decision>`, adding up to them)."""
+    words = [str(d).split(" ", 1)[0] for d in table["decision"]] if len(table) else []
+    out = {MN.MAIN + f"candidates_{d}": float(words.count(d)) for d in DECISIONS}
     if not len(table):
-        return {MN.MAIN + "candidates_refused": 0.0, MN.MAIN + "candidates_promoted": 0.0}
-    out = {MN.MAIN + f"candidates_{d}": float((table["decision"] == d).sum()) for d in ("refused", "promoted")}
+        return out
     champ = table[table["champion"]]
     if len(champ) and pd.notna(champ.iloc[0]["certified_balanced"]):
         out[MN.MAIN + "champion_certified_balanced"] = float(champ.iloc[0]["certified_balanced"])

@@ -11,7 +11,7 @@ the guardrails are decided keeps them valid. A total budget caps what `main` spe
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from rlhf_mlflow.core.world_paths import WorldPaths
@@ -56,10 +56,21 @@ def decided(report: dict, cfg: G.GuardrailConfig = G.GuardrailConfig()) -> bool:
 
 
 def buy_labels(version: str, report: dict, world: WorldPaths, certify_kwargs: dict, budget: LabelBudget,
-               out_dir: str, echo: Callable[[str], None], cfg: G.GuardrailConfig = G.GuardrailConfig()) -> int:
+               out_dir: str, echo: Callable[[str], None], cfg: G.GuardrailConfig = G.GuardrailConfig(),
+               expert_set_lines: Sequence[str] = ()) -> int:
     """Rounds of label requests -> expert labels -> certify for one candidate; returns labels used.
-    `cfg`: the guardrails its release will apply."""
+    `report`: its certification from the expert set alone, whose own lines (`expert_set_lines`) are
+    printed only when no labels are bought, since they are then its verdict; before a purchase the log
+    says what that pass was instead, and each look's line says how many labels it had (an expert
+    set with fewer than k prompts in a family gets fewer than k). `cfg`: the guardrails its release
+    will apply."""
     families = families_worth_labels(report, cfg)
+    if families and budget.afford(len(families) * ROUNDS[0]):
+        echo(f"expert set alone cannot certify v{version} ({', '.join(families)}): "
+             f"buying {ROUNDS[0]} labels per family")
+    else:
+        for line in expert_set_lines:
+            echo(line)
     used = 0
     for k in ROUNDS if families else ():
         cost = len(families) * (k - used // len(families))
@@ -73,7 +84,8 @@ def buy_labels(version: str, report: dict, world: WorldPaths, certify_kwargs: di
         held = labels_in(labels)  # an expert set with fewer than k prompts in a family gets fewer requests
         budget.spent += held - used
         used = held
-        report = run_certify(version=version, world=world, policy_labels=labels, echo=echo,
+        report = run_certify(version=version, world=world, policy_labels=labels,
+                             echo=lambda line, n=held: echo(f"  {n} expert labels: {line}"),
                              cfg=CertifyConfig(label_looks=len(ROUNDS)), **certify_kwargs)["report"]
         if decided(report):
             break

@@ -1,6 +1,7 @@
 """`main`'s first screen in MLflow's UI: the experiment's description says who is champion and why
-not the others, and each candidate's training run carries its verdict, certified quality and truth
-as the columns of the experiment's candidates view (tracking/experiment_view.py)."""
+not the others (on its first line, the one the experiment page shows), and each candidate's training
+run carries its verdict, certified quality and truth as the columns of the experiment's candidates view
+(tracking/experiment_view.py: the candidates as top-level rows)."""
 from __future__ import annotations
 
 import pandas as pd
@@ -28,8 +29,10 @@ def certified(row) -> str:
 
 
 def front_page(table: pd.DataFrame, experiment_id: str, main_run_id: str, loosened: list[str]) -> str:
-    """The experiment's description: a champion line (plain: the experiments list shows it raw), a
-    line per candidate not released, links."""
+    """The experiment's description. MLflow 3.17's experiment page shows one line of it above the runs
+    (the rest behind a fold), so the first line holds the champion, a loosened gate, the link to the
+    candidates view and why the others are not champion; then each other candidate in full, and links.
+    The first line's link is the one markdown in it: the experiments list shows the description raw."""
     champ = table[table["champion"]] if len(table) else table
     if len(champ):
         c = champ.iloc[0]
@@ -42,11 +45,32 @@ def front_page(table: pd.DataFrame, experiment_id: str, main_run_id: str, loosen
                 + ": no candidate passed every guardrail")
     if loosened:
         head += f" — under NON-DEFAULT guardrails: {', '.join(loosened)}"
+    first = " · ".join([head, f"[every candidate with its verdict]({EV.view_link(experiment_id)})", *why_not(table)])
     others = [_other(r) for _, r in table.iterrows() if not r["champion"]]
     links = (f"[every candidate with its verdict]({EV.view_link(experiment_id)}) · "
              f"[main's summary](#/experiments/{experiment_id}/runs/{main_run_id}) · "
              f"[the registry](#/models/{REG.REGISTERED_MODEL})")
-    return "\n".join([head, "", *(["Not the champion:", *others, ""] if others else []), links]) + "\n"
+    return "\n".join([first, "", *(["Not the champion:", *others, ""] if others else []), links]) + "\n"
+
+
+def why_not(table: pd.DataFrame) -> list[str]:
+    """The candidates that are not champion, short: `refused: v2, v3 not certifiable; v8 beats_champion`
+    (each by the first guardrail it failed: `certifiable` fails every estimate-based one after it) and
+    `superseded: v1, v6`."""
+    refused: dict[str, list[int]] = {}
+    superseded: list[int] = []
+    for _, row in table.iterrows():
+        word = (row["decision"] or "undecided").split(" ", 1)[0]
+        if row["champion"] or word == "promoted":
+            continue
+        if word == "superseded":
+            superseded.append(int(row["model_version"]))
+            continue
+        first = (row.get("refused_by") or word).split(",")[0].strip()
+        refused.setdefault("not certifiable" if first == "certifiable" else first, []).append(int(row["model_version"]))
+    out = ["refused: " + "; ".join(", ".join(f"v{v}" for v in sorted(vs)) + f" {why}" for why, vs in refused.items())
+           ] if refused else []
+    return out + ([f"superseded: {', '.join(f'v{v}' for v in sorted(superseded))}"] if superseded else [])
 
 
 def _other(row) -> str:

@@ -7,16 +7,19 @@ in pyproject.toml under MLflow's `mlflow.default_experiment_provider` plugin gro
 the current directory or one above it holds this project's MLproject, so `mlflow run .` and every
 other MLflow client started there without an experiment use the same experiment as `rlhf-mlflow`.
 
-Loaded while `import mlflow` is still running: it imports nothing from mlflow at module level
-beyond the provider's base class, and reads the MLproject only when asked.
+MLflow loads this plugin while `import mlflow` is still running (its default-experiment registry
+loads the plugin group when `mlflow.tracking.fluent` is first imported). So this module imports
+nothing from mlflow at module level, not even the provider's base class: were it the first to import
+mlflow (`from rlhf_mlflow.tracking import history` in a fresh interpreter), MLflow would find it
+half-initialised in sys.modules, without `ProjectExperimentProvider` yet ("most likely due to a
+circular import"), warn, and leave the provider out of that process. MLflow only instantiates the
+class and calls its two methods; its base class `DefaultExperimentProvider` declares them and
+enforces nothing (tests/test_readme_snippets.py imports this project before mlflow in a fresh
+interpreter).
 """
 from __future__ import annotations
 
 import os
-
-from mlflow.tracking.default_experiment.abstract_context import (
-    DefaultExperimentProvider,
-)
 
 EXPERIMENT = "rlhf_mlflow"
 PROJECT_NAME = "rlhf_mlflow"
@@ -59,8 +62,9 @@ def experiment_id(name: str = EXPERIMENT) -> str:
         raise
 
 
-class ProjectExperimentProvider(DefaultExperimentProvider):
-    """`rlhf_mlflow` is the default experiment in an rlhf_mlflow checkout."""
+class ProjectExperimentProvider:
+    """`rlhf_mlflow` is the default experiment in an rlhf_mlflow checkout (MLflow's
+    `DefaultExperimentProvider` interface: `in_context`, `get_experiment_id`)."""
 
     def in_context(self) -> bool:
         return project_root() is not None

@@ -7,9 +7,15 @@ Model training switch, which defaults to GenAI (a GenAI overview with the runs o
 
 The experiment's description (`mlflow.note.content`, shown above the runs) is `main`'s front page:
 who is champion and why not the others. Its link opens a *shared view* of the runs table (an
-experiment tag `mlflow.sharedViewState.<key>` holding the table's columns, the UI's own "share
+experiment tag `mlflow.sharedViewState.<key>` holding the table's state, the UI's own "share
 view" format): the candidates' verdict, certified quality and truth as columns (tags on each
 candidate's training run, `rlhf.view.*`), and every run on the charts rather than the first ten.
+
+How MLflow 3.17's runs table draws that state (read from its bundle, checked by tests/test_ui_browser.py):
+- it nests child runs under their parent, fetching a parent the filter left out, only when sorted by
+  creation time or unfiltered; the view is filtered to the candidates and sorted by their verdict
+  (`champion` < `refused` < `superseded`), so each candidate is a top-level row and `main` is not shown;
+- it applies `columnWidths` only to the columns listed in `columnOrder`, so both name the view's columns.
 """
 from __future__ import annotations
 
@@ -25,6 +31,9 @@ VIEW_TAG_PREFIX = "mlflow.sharedViewState."
 VERDICT, CERTIFIED, TRUTH = "rlhf.view.verdict", "rlhf.view.certified", "rlhf.view.truth"
 COLUMNS = [f"tags.`{VERDICT}`", f"tags.`{CERTIFIED}`", f"tags.`{TRUTH}`", "attributes.`Models`",
            "attributes.`Duration`"]
+WIDTHS = {f"tags.`{VERDICT}`": 560, f"tags.`{CERTIFIED}`": 200, f"tags.`{TRUTH}`": 110}
+"""Pixels: a verdict naming every guardrail (`refused v2: certifiable, balanced_gain, family_change,
+family_kl, marker_collapse`) and an interval (`0.502 [0.470, 0.536]`) whole, at the UI's 13 px font."""
 
 
 def mark_kind(experiment_id: str) -> None:
@@ -41,9 +50,9 @@ def view_link(experiment_id: str) -> str:
 
 def publish_view(experiment_id: str) -> str:
     """Write the candidates view on the experiment; returns its link."""
-    state = {"selectedColumns": COLUMNS, "columnOrder": [], "columnWidths": {}, "runsHiddenMode": "SHOW_ALL",
-             "hideEmptyCharts": True, "orderByKey": "attributes.start_time", "orderByAsc": False,
-             "searchFilter": f"tags.`{VERDICT}` LIKE '%'"}  # the candidates only, out of their parents
+    state = {"selectedColumns": COLUMNS, "columnOrder": COLUMNS, "columnWidths": WIDTHS, "runsHiddenMode": "SHOW_ALL",
+             "hideEmptyCharts": True, "orderByKey": f"tags.`{VERDICT}`", "orderByAsc": True,
+             "searchFilter": f"tags.`{VERDICT}` LIKE '%'"}  # the candidates only, as top-level rows
     mlflow.MlflowClient().set_experiment_tag(experiment_id, VIEW_TAG_PREFIX + VIEW_KEY, json.dumps(state))
     return view_link(experiment_id)
 
