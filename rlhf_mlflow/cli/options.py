@@ -29,8 +29,8 @@ def overwrite_option(what: str, more: str = ""):
     replaces `what` at --out, never files no run marked; a flag that also takes true|false, as
     `mlflow run -P overwrite=...` passes it."""
     return click.option("--overwrite", type=click.BOOL, is_flag=False, flag_value=True, default=False,
-                        show_default=True, help=f"Replace {what} at --out (its marker says so; never files no run "
-                        f"marked, a world or a store){more}; `--overwrite` alone or `--overwrite true|false`.")
+                        show_default=True, help=f"Replace {what} at --out (as its marker says; never files no run "
+                        f"marked, nor another command's output){more}; `--overwrite` alone or `--overwrite true|false`.")
 
 
 def echo_err(message: str) -> None:
