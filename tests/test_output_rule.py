@@ -102,8 +102,10 @@ def test_a_world_is_refused_and_left_whole(tiny_world, tmp_path, command):
 @pytest.mark.parametrize("command", list(COMMANDS))
 def test_the_tracking_store_is_refused(tiny_world, tmp_path, command):
     import mlflow
-    with mlflow.start_run():  # a store with a run and an artifact
-        mlflow.log_text("kept", "kept.txt")
+    client = mlflow.MlflowClient()  # a store with a run and an artifact (no fluent state: an earlier test's lingers)
+    run = client.create_run(client.create_experiment("kept"))
+    client.log_text(run.info.run_id, "kept", "kept.txt")
+    client.set_terminated(run.info.run_id)
     assert os.path.isdir(tmp_path / "mlruns")  # the sqlite store's artifact root, beside its database
     _refused_leaving_all(tmp_path, _args(command, tiny_world, tmp_path, "mlruns"),
                          "--out mlruns: is the tracking store's artifact root")
