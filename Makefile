@@ -13,7 +13,7 @@ $(VENV)/.installed: pyproject.toml
 
 # the MLproject's default entry point `main`, run by MLflow in this environment
 run: $(VENV)/.installed
-	PATH=$(abspath $(VENV))/bin:$$PATH mlflow run . --env-manager local --experiment-name rlhf_mlflow
+	PATH=$(abspath $(VENV))/bin:$$PATH mlflow run . --env-manager local --experiment-name rlhf_mlflow -P overwrite=true
 
 test: $(VENV)/.installed
 	$(PY) -m pytest -q -m "not slow"

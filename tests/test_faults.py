@@ -236,16 +236,16 @@ def test_certify_out_is_written_before_the_version_is_tagged(tiny_world, tmp_pat
 def test_train_rl_refuses_an_out_holding_another_runs_files_unless_overwrite(tiny_world, tmp_path):
     out = tmp_path / "run"
     first = _train(tiny_world, "--out", out, "--save-every", 1, "--steps", 3, "--no-register")
-    assert json.loads((out / files.RUN_MARKER).read_text()) == {"run_id": first["run_id"]}
+    assert json.loads((out / files.RUN_MARKER).read_text()) == {"command": "train_rl", "run_id": first["run_id"]}
     assert (out / "step_1").is_dir() and (out / "step_2").is_dir()
     before = sorted(os.listdir(out))
 
     _fails(_run("train-rl", "--world", tiny_world, *TINY, "--out", out),
-           f"--out {out}", f"the files of run {first['run_id']}", "--overwrite")
+           f"--out {out}", f"the files of train_rl run {first['run_id']}", "--overwrite")
     assert sorted(os.listdir(out)) == before and len(_runs("train_rl")) == 1
 
     second = _train(tiny_world, "--out", out, "--overwrite", "--no-register")
-    assert json.loads((out / files.RUN_MARKER).read_text()) == {"run_id": second["run_id"]}
+    assert json.loads((out / files.RUN_MARKER).read_text()) == {"command": "train_rl", "run_id": second["run_id"]}
     assert not (out / "step_1").exists() and (out / "policy.safetensors").is_file()
     assert [r.info.status for r in _runs("train_rl")] == ["FINISHED", "FINISHED"]
     assert not _leftovers(tmp_path)
@@ -264,7 +264,7 @@ def test_overwrite_never_deletes_the_runs_own_inputs(tiny_world, tmp_path):
     _fails(_run("train-rl", "--world", world, *TINY, "--out", world, "--overwrite"), "is the world")
     assert (world / "policy" / "policy.safetensors").is_file() and not _runs("train_rl")
     old = tmp_path / "old"  # another run's marked directory, holding the policy this run starts from
-    files.claim_run_dir(str(old), "abc")
+    files.claim_out_dir(str(old), files.Owner("train_rl", "abc"))
     shutil.copytree(world / "policy", old / "init")
     _fails(_run("train-rl", "--world", world, *TINY, "--policy-init", old / "init", "--out", old, "--overwrite"),
            "contains policy_init")
@@ -274,11 +274,11 @@ def test_overwrite_never_deletes_the_runs_own_inputs(tiny_world, tmp_path):
 def test_a_run_may_write_into_its_own_out(tmp_path):
     """What --resume will rely on: the directory a run's marker names is free for that run."""
     out = tmp_path / "run"
-    files.claim_run_dir(str(out), "abc")
+    files.claim_out_dir(str(out), files.Owner("train_rl", "abc"))
     (out / "step_2").mkdir()
-    assert files.check_run_dir(str(out), run_id="abc") == str(out)
-    with pytest.raises(InputError, match="the files of run abc"):
-        files.check_run_dir(str(out), run_id="other")
+    assert files.check_out_dir(str(out), "train_rl", run_id="abc") == str(out)
+    with pytest.raises(InputError, match="the files of train_rl run abc"):
+        files.check_out_dir(str(out), "train_rl", run_id="other")
 
 
 def test_train_rl_overwrite_works_as_mlflow_run_passes_it(tiny_world, tmp_path):

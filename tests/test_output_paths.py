@@ -187,22 +187,22 @@ def test_overwrite_refuses_a_directory_no_run_marked(tiny_world, tmp_path):
     (out / "notes.txt").write_text("keep me")
     line = _refused_leaving_all(tmp_path, ["train-rl", "--world", tiny_world, *TINY, "--out", out, "--overwrite"],
                                 "files that no run marked as its own", files.RUN_MARKER)
-    assert "--overwrite deletes only a directory a run of this project wrote" in line
+    assert "--overwrite deletes only such a directory" in line
     with pytest.raises(InputError, match="no run marked"):
-        files.check_run_dir(str(out), overwrite=True)
+        files.check_out_dir(str(out), "train_rl", overwrite=True)
     with pytest.raises(InputError, match="not deleting"):
-        files.claim_run_dir(str(out), "abc", overwrite=True)
+        files.claim_out_dir(str(out), files.Owner("train_rl", "abc"), overwrite=True)
     assert os.listdir(out) == ["notes.txt"]
 
 
 def test_overwrite_refuses_a_marked_directory_that_holds_a_world(tiny_world, tmp_path):
     out = tmp_path / "run"
-    files.claim_run_dir(str(out), "old")
+    files.claim_out_dir(str(out), files.Owner("train_rl", "old"))
     shutil.copytree(tiny_world, out / "nested")
     with pytest.raises(InputError, match="would delete the world"):
-        files.check_run_dir(str(out), overwrite=True)
-    files.claim_run_dir(str(tmp_path / "other"), "old")  # marked and world-free: --overwrite may delete it
-    assert files.check_run_dir(str(tmp_path / "other"), overwrite=True) == str(tmp_path / "other")
+        files.check_out_dir(str(out), "train_rl", overwrite=True)
+    files.claim_out_dir(str(tmp_path / "other"), files.Owner("train_rl", "old"))  # marked, world-free: deletable
+    assert files.check_out_dir(str(tmp_path / "other"), "train_rl", overwrite=True) == str(tmp_path / "other")
 
 
 # build-world ----------------------------------------------------------------------------------------
@@ -213,11 +213,11 @@ def test_build_world_refuses_an_existing_directory_it_did_not_write(tmp_path):
     (out / "notes.txt").write_text("keep me")
     for extra in ([], ["--overwrite"]):
         _refused_leaving_all(tmp_path, ["build-world", "--scale", "test", "--out", out, *extra],
-                             "not a world this builder wrote")
+                             "files that no run marked as its own")
     run_dir = tmp_path / "run"  # a train-rl run's directory is no world either
-    files.claim_run_dir(str(run_dir), "abc")
+    files.claim_out_dir(str(run_dir), files.Owner("train_rl", "abc"))
     _refused_leaving_all(tmp_path, ["build-world", "--scale", "test", "--out", run_dir, "--overwrite"],
-                         "not a world this builder wrote")
+                         "train_rl run abc, not a build_world run's")
 
 
 def test_build_world_reuses_the_same_world_and_replaces_another_only_with_overwrite(tiny_world, tmp_path):

@@ -59,7 +59,9 @@ def test_a_second_main_in_the_same_store_keeps_an_unbeaten_champion(tiny_world, 
                  if r.data.tags.get("rlhf.step") == "certify"}
     best = max(versions, key=lambda v: certified.get(str(v.version), float("-inf")))
     client.set_registered_model_alias("rlhf-policy", "champion", best.version)
-    second = CliRunner().invoke(cli, args)
+    again = CliRunner().invoke(cli, args)  # the same --out: a finished main's, replaced only with --overwrite
+    assert again.exit_code == 1 and "already holds the files of main run" in again.output, again.output
+    second = CliRunner().invoke(cli, [*args, "--overwrite"])
     assert second.exit_code == 0, second.output
     assert client.get_model_version_by_alias("rlhf-policy", "champion").version == best.version
     assert f"ceiling: skipped: the champion is version {best.version} from an earlier run" in second.output

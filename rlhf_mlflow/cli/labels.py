@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from rlhf_mlflow.cli.options import echo_err, echo_json, resolve_world, world_option
+from rlhf_mlflow.cli.options import echo_err, echo_json, overwrite_option, resolve_world, world_option
 from rlhf_mlflow.training.repair_rm import RepairConfig as RepairDefaults
 
 
@@ -57,7 +57,9 @@ def expert_label_cmd(world, requests, out):
                    "labels, and the repaired model may not be flagged for them again.")
 @click.option("--parent-version", default=None,
               help="The rlhf-reward-model version to repair (default: this world's production, else its own model).")
-@click.option("--out", required=True, help="The repaired reward model's directory (seed format).")
+@click.option("--out", required=True, help="The repaired reward model's directory (seed format): new or empty; "
+              "marked .rlhf_run.json as this run's.")
+@overwrite_option("another repair_rm run's directory")
 @click.option("--epochs", type=click.IntRange(1), default=RepairDefaults.epochs, show_default=True,
               help="Fine-tuning passes over the repair data.")
 @click.option("--lr", type=float, default=RepairDefaults.lr, show_default=True, help="Fine-tuning learning rate.")
@@ -70,17 +72,20 @@ def expert_label_cmd(world, requests, out):
               help="Also fit a label head on the expert labels (a sparse table of which token at which position "
                    "goes with which prompt attribute) and stack it on the fine-tuned model by cross-validation.")
 @click.option("--seed", type=int, default=0, show_default=True)
-def repair_rm_cmd(world, labels, diagnostic, parent_version, out, epochs, lr, crowd_weight, ensemble, label_head, seed):
+def repair_rm_cmd(world, labels, diagnostic, parent_version, out, overwrite, epochs, lr, crowd_weight, ensemble,
+                  label_head, seed):
     """Repair the reward model with every expert label so far; register it; promote it to production only
     if it agrees with the experts at least as well as its parent and pays no flagged shortcut again."""
-    from rlhf_mlflow.steps.outputs import check_out
-    from rlhf_mlflow.steps.repair_rm import run_repair_rm
-    from rlhf_mlflow.training.repair_rm import RepairConfig
+    from rlhf_mlflow.steps.outputs import check_out_dir
+    from rlhf_mlflow.steps.repair_rm import reads, run_repair_rm
+    from rlhf_mlflow.training.repair_rm import STEP, RepairConfig
     paths = [p.strip() for p in labels.split(",") if p.strip()]
-    check_out(out, {"--diagnostic": diagnostic, **{f"--labels[{i}]": p for i, p in enumerate(paths)}}, directory=True)
+    # before the default world is built; the step checks again with it
+    check_out_dir(out, STEP, reads(None, diagnostic, paths), overwrite=overwrite)
     cfg = RepairConfig(epochs=epochs, lr=lr, crowd_weight=crowd_weight, ensemble=ensemble,
                        label_head=label_head == "on", seed=seed)
-    result = run_repair_rm(resolve_world(world), paths, out, diagnostic, parent_version, cfg, echo=echo_err)
+    result = run_repair_rm(resolve_world(world), paths, out, diagnostic, parent_version, cfg, echo=echo_err,
+                           overwrite=overwrite)
     echo_json({k: result[k] for k in ("version", "parent_version", "promoted", "gate", "out", "run_id")})
 
 

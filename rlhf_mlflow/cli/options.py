@@ -24,6 +24,15 @@ world_option = click.option("--world", default=None,
                             help="World directory (default: the default world, built on first use).")
 
 
+def overwrite_option(what: str, more: str = ""):
+    """--overwrite for a command that writes a directory (the one output rule, steps/outputs.py): it
+    replaces `what` at --out, never files no run marked; a flag that also takes true|false, as
+    `mlflow run -P overwrite=...` passes it."""
+    return click.option("--overwrite", type=click.BOOL, is_flag=False, flag_value=True, default=False,
+                        show_default=True, help=f"Replace {what} at --out (as its marker says; never files no run "
+                        f"marked, nor another command's output){more}; `--overwrite` alone or `--overwrite true|false`.")
+
+
 def echo_err(message: str) -> None:
     """Progress on stderr (silent under `rlhf-mlflow --quiet`)."""
     from rlhf_mlflow.core.process import quiet

@@ -6,10 +6,11 @@
     python -m rlhf_mlflow.label_requests --policy D --reference D --gold F --per-family K --out F
     python -m rlhf_mlflow.label_requests --samples F --per-family K --out F
     python -m rlhf_mlflow.repair_rm --rm-dir D --qa F [--gold F] --labels F [F ...] [--diagnostic F]
-                                    [--policy-dir D --prompts F] --out D
+                                    [--policy-dir D --prompts F] --out D [--overwrite]
 
 Same computation as the `certify` and `diagnostic` steps (decisions/), JSON to --out; bad input prints
-`error: ...` and exits 2, with no output file.
+`error: ...` and exits 2, with no output file. The repair's --out directory follows the one output rule
+(core/files.py): new or empty, or with --overwrite another repair's (its .rlhf_run.json says so).
 """
 from __future__ import annotations
 
@@ -19,7 +20,8 @@ import sys
 from collections.abc import Callable
 
 from rlhf_mlflow.core.errors import InputError
-from rlhf_mlflow.core.files import atomic_write_json, atomic_write_text, check_out_is_free, check_writable
+from rlhf_mlflow.core.files import atomic_write_json, atomic_write_text, check_out_dir, check_out_is_free, check_writable
+from rlhf_mlflow.training.repair_rm import STEP as REPAIR
 from rlhf_mlflow.training.repair_rm import RepairConfig as RepairDefaults
 
 
@@ -138,7 +140,9 @@ def repair_main(argv: list[str] | None = None) -> int:
     ap.add_argument("--policy-dir", default=None, help="the reference policy: with --prompts, its responses "
                                                         "scored by the parent are the repair's anchors (as repair-rm)")
     ap.add_argument("--prompts", default=None, help="training prompts for the anchors (JSONL)")
-    ap.add_argument("--out", required=True, help="the repaired reward model's directory")
+    ap.add_argument("--out", required=True, help="the repaired reward model's directory (new or empty)")
+    ap.add_argument("--overwrite", action="store_true", help="replace another repair's directory at --out "
+                                                              "(its .rlhf_run.json says so; never other files)")
     ap.add_argument("--epochs", type=int, default=RepairDefaults.epochs)
     ap.add_argument("--lr", type=float, default=RepairDefaults.lr)
     ap.add_argument("--crowd-weight", type=float, default=RepairDefaults.crowd_weight)
@@ -166,15 +170,16 @@ def repair_main(argv: list[str] | None = None) -> int:
             if a.policy_dir and a.prompts else []
         rm, info = RR.repair(a.rm_dir, qa, experts, rules, cfg, anchors=anchors)
         members = ensemble_for_repair(a.rm_dir, qa, experts, rules, cfg, anchors)
-        RR.save_repaired(rm, rm_config, qa, info, a.out, members)
+        RR.save_repaired(rm, rm_config, qa, info, a.out, members)  # marked as a repair without a run
         return info
-    return _run(work, a, directory=True)
+    return _run(work, a, directory=REPAIR)
 
 
 def _run(work: Callable[[], dict | list[dict]], a: argparse.Namespace, jsonl: bool = False,
-         directory: bool = False) -> int:
+         directory: str | None = None) -> int:
     """`work()` written to --out, which must be no input path of the command's and lie in no world
-    (`directory`: work writes the directory --out itself; its result is not written)."""
+    (`directory`: the command whose work writes the directory --out itself, by the one output rule;
+    its result is not written)."""
     from rlhf_mlflow.core.process import configure_threads
     configure_threads()
     out = a.out
@@ -182,7 +187,10 @@ def _run(work: Callable[[], dict | list[dict]], a: argparse.Namespace, jsonl: bo
     reads.update({f"--labels[{i}]": v for i, v in enumerate(getattr(a, "labels", None) or [])})
     try:
         check_out_is_free(out, reads)
-        check_writable(out, directory=directory)
+        if directory:
+            check_out_dir(out, directory, overwrite=a.overwrite)
+        else:
+            check_writable(out)
         result = work()
     except InputError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -12,6 +12,7 @@ from rlhf_mlflow.cli.options import (
     echo_json,
     given,
     guardrail_overrides,
+    overwrite_option,
     resolve_world,
     world_option,
 )
@@ -97,7 +98,8 @@ def grade_cmd(model_version, world, n):
               help="Multiply every recipe's steps (for a quick look).")
 @click.option("--out", default="outputs/main", show_default=True,
               help="Directory for the diagnostic evidence, the correction, the expert labels bought, each round's "
-                   "reward model and the ceiling checkpoint; main_state.json says what main finished there.")
+                   "reward model and the ceiling checkpoint (new or empty); main_state.json, main's marker, says "
+                   "what main finished there.")
 @click.option("--label-budget", type=click.IntRange(0), default=1200, show_default=True,
               help="Expert labels main may buy on candidates' own responses and for repairs (0: certify from the "
                    "expert set only).")
@@ -113,25 +115,27 @@ def grade_cmd(model_version, world, n):
                    "last checkpoint. Options left out take its values; one given with another value is refused. "
                    "Without --resume an --out whose main did not finish is refused. `--resume` alone or "
                    "`--resume true|false` (as `mlflow run -P resume=true` passes it).")
+@overwrite_option("the directory a finished main left", ", starting over (one that did not finish continues "
+                  "only with --resume)")
 @click.pass_context
-def main_cmd(ctx, world, steps_scale, out, label_budget, rounds, guardrails, guardrail, resume):
+def main_cmd(ctx, world, steps_scale, out, label_budget, rounds, guardrails, guardrail, resume, overwrite):
     """The whole story: history, diagnostic, correction, candidates, certify, release, grade, summary.
 
     A main that stopped (SIGTERM, a crash) continues with --resume and the same --out, without buying
     its labels again or redoing what it finished."""
     from rlhf_mlflow.steps import main_resume as MR
     from rlhf_mlflow.steps.main import run_main
-    from rlhf_mlflow.steps.outputs import check_out
     from rlhf_mlflow.steps.reports import rounds_markdown, story_markdown
     t0 = time.perf_counter()
-    out = check_out(out, directory=True)  # before the default world is built; run_main checks again with it
+    try:  # before the default world is built; run_main checks again with it
+        out, state = MR.check_out(out, None, resume, overwrite)
+    except MR.MainStateError as e:
+        raise click.UsageError(str(e)) from None
     overrides = guardrail_overrides(guardrails, guardrail)
     try:
         if resume:
             world, steps_scale, label_budget, rounds, overrides = _resumed_settings(
-                ctx, MR.resumable(out).settings, (world, steps_scale, label_budget, rounds, overrides))
-        else:
-            MR.refuse_unfinished(out)
+                ctx, state.settings, (world, steps_scale, label_budget, rounds, overrides))
     except InputError as e:
         raise click.UsageError(str(e)) from None
     paths = resolve_world(world)
@@ -144,7 +148,7 @@ def main_cmd(ctx, world, steps_scale, out, label_budget, rounds, guardrails, gua
         if problems:
             raise click.UsageError(str(MR.SettingsMismatch(problems)))
     table = run_main(paths, out, steps_scale, echo=echo_err, label_budget=label_budget,
-                     guardrails=overrides, rounds=rounds, resume=resume)
+                     guardrails=overrides, rounds=rounds, resume=resume, overwrite=overwrite)
     click.echo(story_markdown(table) + rounds_markdown(table.attrs.get("rounds") or [], table))
     click.echo(f"main finished in {time.perf_counter() - t0:.0f} s")
 

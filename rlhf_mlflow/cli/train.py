@@ -9,6 +9,7 @@ from rlhf_mlflow.cli.options import (
     echo_err,
     echo_json,
     given,
+    overwrite_option,
     resolve_world,
     rl_config,
     rl_options,
@@ -23,11 +24,8 @@ from rlhf_mlflow.cli.options import (
 @click.option("--override", "overrides", multiple=True, help="key=value, repeatable; value parsed as JSON.")
 @rl_options
 @click.option("--out", default=None, help="Also write the checkpoint, run_config.json and log.jsonl here "
-              "(an empty directory, or one this run's marker .rlhf_run.json claims).")
-@click.option("--overwrite", type=click.BOOL, is_flag=False, flag_value=True, default=False, show_default=True,
-              help="Delete what --out holds first (another run's files, its marker says so; never an "
-              "unmarked directory); `--overwrite` alone or "
-              "`--overwrite true|false` (as `mlflow run -P overwrite=true` passes it).")
+              "(a new or empty directory, or one this run's marker .rlhf_run.json claims).")
+@overwrite_option("another train_rl run's directory", ", deleting what it holds first")
 @click.option("--run-name", default=None, help="MLflow run name (default: kl<kl_coef>-s<steps>).")
 @click.option("--register/--no-register", default=True, show_default=True,
               help="Register the final policy as a new version of rlhf-policy.")
@@ -37,18 +35,18 @@ from rlhf_mlflow.cli.options import (
 @click.pass_context
 def train_rl_cmd(ctx, world, config_path, overrides, out, overwrite, run_name, register, resume_run, **options):
     """KL-regularised REINFORCE against a reward model, as an MLflow run."""
-    from rlhf_mlflow.steps.outputs import check_run_out
-    from rlhf_mlflow.steps.train_rl import resume_train_rl, run_train_rl
+    from rlhf_mlflow.steps.outputs import check_out_dir
+    from rlhf_mlflow.steps.train_rl import STEP, resume_train_rl, run_train_rl
     if resume_run:
         extra = given(ctx, ("world", "config_path", "overrides", "run_name", "overwrite", *options))
         if extra:
             raise click.UsageError(f"--resume continues the run with its own config; drop {', '.join(extra)}")
         if out:
-            check_run_out(out, run_id=resume_run)
+            check_out_dir(out, STEP, run_id=resume_run)
         echo_json(resume_train_rl(resume_run, out=out, register=register, echo=echo_err))
         return
     if out:  # before the default world is built; run_train_rl checks again with the resolved inputs
-        check_run_out(out, overwrite=overwrite)
+        check_out_dir(out, STEP, overwrite=overwrite)
     paths = world_for_config(world, config_path)
     cfg = rl_config(ctx, paths, config_path, overrides, options)
     echo_json(run_train_rl(cfg, world=paths, out=out, run_name=run_name, register=register, echo=echo_err,
@@ -57,19 +55,21 @@ def train_rl_cmd(ctx, world, config_path, overrides, out, overwrite, run_name, r
 
 @click.command("train-rm")
 @click.option("--data", required=True, help="Labelled records JSONL (response + label).")
-@click.option("--out", required=True, help="Output directory for rm.safetensors + config.json.")
+@click.option("--out", required=True, help="Output directory for rm.safetensors + config.json (new or empty; "
+              "marked .rlhf_run.json as this run's).")
+@overwrite_option("another train_rm run's directory")
 @click.option("--epochs", type=int, default=40, show_default=True)
 @click.option("--lr", type=float, default=2e-3, show_default=True)
 @click.option("--batch-size", type=int, default=128, show_default=True)
 @click.option("--lr-schedule", type=click.Choice(["constant", "cosine"]), default="constant", show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--gold", default=None, help="Expert gold JSONL: also report per-family agreement with it.")
-def train_rm_cmd(data, out, epochs, lr, batch_size, lr_schedule, seed, gold):
+def train_rm_cmd(data, out, overwrite, epochs, lr, batch_size, lr_schedule, seed, gold):
     """Train a reward model on labelled records (MSE), as an MLflow run."""
     from rlhf_mlflow.steps.train_rm import run_train_rm
     from rlhf_mlflow.training.train_rm import RMConfig
     cfg = RMConfig(epochs=epochs, lr=lr, batch_size=batch_size, lr_schedule=lr_schedule, seed=seed)
-    fit = run_train_rm(data, out, cfg, gold, echo=echo_err)
+    fit = run_train_rm(data, out, cfg, gold, echo=echo_err, overwrite=overwrite)
     echo_json({"out": os.path.abspath(out), "fit": fit})
 
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import click
 
-from rlhf_mlflow.cli.options import echo_json
+from rlhf_mlflow.cli.options import echo_json, overwrite_option
 
 
 @click.command("build-world")
@@ -12,11 +12,9 @@ from rlhf_mlflow.cli.options import echo_json
               help="Corruption spec: 'default' (dune pa +1.45, ember he +0.47), 'clean', or a JSON file.")
 @click.option("--scale", type=click.Choice(["full", "bench", "test"]), default="full", show_default=True,
               help="'test' builds a small world in seconds; 'bench' a mid-size one for benchmarks.")
-@click.option("--out", default=None, help="Output directory (default: worlds/<hash>); a world this builder wrote "
-              "there is reused when it is the one asked for; anything else there is refused.")
-@click.option("--overwrite", type=click.BOOL, is_flag=False, flag_value=True, default=False, show_default=True,
-              help="Replace the different world this builder wrote at --out (never other files); `--overwrite` "
-              "alone or `--overwrite true|false` (as `mlflow run -P overwrite=true` passes it).")
+@click.option("--out", default=None, help="Output directory (default: worlds/<hash>): new or empty, or a world this "
+              "builder wrote (its manifest.json is its marker), reused when it is the one asked for.")
+@overwrite_option("a different world this builder wrote")
 def build_world_cmd(seed, spec, scale, out, overwrite):
     """Build (or reuse) a synthetic world with a hidden truth."""
     from rlhf_mlflow.steps.build_world import run_build_world

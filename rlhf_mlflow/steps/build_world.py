@@ -1,21 +1,21 @@
 """The `build_world` step: build (or reuse, by content hash) a synthetic world as an MLflow run that
-records its seed, spec, scale, manifest and timings, and its data files as dataset inputs. An --out
-that already holds a world this builder wrote is reused when it is the world asked for, replaced only
-with --overwrite; one holding anything else is refused."""
+records its seed, spec, scale, manifest and timings, and its data files as dataset inputs. Its --out
+follows the one output rule (outputs.py), the world's manifest.json being the builder's marker: a
+world this builder wrote is reused when it is the world asked for, replaced only with --overwrite;
+anything else there is refused."""
 from __future__ import annotations
 
 import os
 from collections.abc import Callable
 from dataclasses import replace
 
+from rlhf_mlflow.core import files as F
 from rlhf_mlflow.core import records as D
-from rlhf_mlflow.core.errors import InputError
-from rlhf_mlflow.core.files import check_out_is_free, check_writable
-from rlhf_mlflow.core.world_paths import WorldPaths, is_world
+from rlhf_mlflow.core.world_paths import WorldPaths
+from rlhf_mlflow.steps.outputs import check_out_dir
 from rlhf_mlflow.tracking import metric_names as MN
 from rlhf_mlflow.tracking import runs as T
 from rlhf_mlflow.tracking import world_record as WR
-from rlhf_mlflow.tracking.store_paths import store_paths
 from rlhf_mlflow.world import corruptions as C
 from rlhf_mlflow.world.build import SCALES, build_world, ensure_world, world_hash
 
@@ -47,35 +47,14 @@ def run_build_world(seed: int, rules: list[dict], scale: str, out: str | None = 
 
 
 def _check_world_out(out: str, seed: int, rules: list[dict], scale: str, overwrite: bool) -> dict | None:
-    """Before the run: `out` is no tracking store's, lies in no world, is writable, and is new, empty or
-    a world this builder wrote. Returns that world's manifest when it is the world asked for (reused);
-    refuses any other world unless `overwrite`, and anything else always."""
-    check_out_is_free(out, None, store_paths(), may_be_world=True)
-    target = check_writable(out, directory=True)
-    if not os.path.isdir(target) or not os.listdir(target):
-        return None
-    manifest = _builder_manifest(target)
-    if manifest is None:
-        raise InputError(f"--out {out}: already holds files that are not a world this builder wrote (--overwrite "
-                         "replaces only such a world): choose an empty directory")
+    """Before the run, the one output rule for the builder: `out` is no tracking store's, lies in no
+    world, is writable, and is new, empty, the world asked for (its manifest is returned: reused), or
+    with `overwrite` another world this builder wrote (None: to be built)."""
     wanted = world_hash(replace(SCALES[scale], seed=seed), C.validate_spec(rules)) if scale in SCALES else None
-    if manifest["world_hash"] == wanted:
-        return manifest
-    if not overwrite:
-        raise InputError(f"--out {out}: already holds world {manifest['world_hash']}, not the one asked for; "
-                         "pass --overwrite to replace it, or choose another directory")
+    target = check_out_dir(out, F.BUILD_WORLD, run_id=wanted, overwrite=overwrite)
+    if wanted is not None and F.owner_of(target) == F.Owner(F.BUILD_WORLD, wanted):
+        return WorldPaths(target).manifest()
     return None
-
-
-def _builder_manifest(path: str) -> dict | None:
-    """The manifest of a world this builder wrote at `path`, or None."""
-    try:
-        manifest = WorldPaths(path).manifest() if is_world(path) else None
-    except (OSError, ValueError, InputError):
-        return None
-    if not isinstance(manifest, dict) or not {"world_hash", "builder_version"} <= manifest.keys():
-        return None
-    return manifest
 
 
 def default_world(progress: Callable[[str], None] = print) -> WorldPaths:

@@ -36,7 +36,6 @@ from rlhf_mlflow.steps.main_rounds import (
     recipe_of,
 )
 from rlhf_mlflow.steps.main_summary import summary_table
-from rlhf_mlflow.steps.outputs import check_out
 from rlhf_mlflow.steps.main_view import publish as publish_front_page
 from rlhf_mlflow.steps.reports import markdown_table, rounds_markdown, story_markdown
 from rlhf_mlflow.steps.train_rl import run_train_rl
@@ -74,17 +73,19 @@ def candidate_jobs(wrapper: str | None, steps_scale: float, gold: str | None = N
 
 def run_main(world: WorldPaths, out_dir: str, steps_scale: float = 1.0, ceiling: bool = True,
              echo: Callable[[str], None] = print, label_budget: int = DEFAULT_LABEL_BUDGET,
-             guardrails: dict | None = None, rounds: int = DEFAULT_ROUNDS, resume: bool = False) -> pd.DataFrame:
+             guardrails: dict | None = None, rounds: int = DEFAULT_ROUNDS, resume: bool = False,
+             overwrite: bool = False) -> pd.DataFrame:
     """The whole story; returns the summary table (its `attrs["ceiling"]` holds the ceiling, if run;
     `attrs["rounds"]` each later round's record).
     `label_budget`: expert labels main may buy on candidates' own responses (main_labels.py) and for
     repairs; `guardrails`: threshold overrides for every release (GuardrailConfig keys); `rounds`: 1 is
     the story on the world's reward model, each more repairs it with every label so far (main_rounds.py);
-    `resume`: continue the main that stopped in `out_dir`, with its settings (main_resume.py)."""
-    os.makedirs(check_out(out_dir, {"--world": world.root}, directory=True), exist_ok=True)
+    `resume`: continue the main that stopped in `out_dir`, with its settings (main_resume.py); `overwrite`:
+    start over in the directory a finished main left (the one output rule, steps/outputs.py)."""
+    MR.check_out(out_dir, {"--world": world.root}, resume, overwrite)
     gates = G.GuardrailConfig.from_dict(guardrails or {})  # what every release (and label purchase) applies
     batch = batch_runs()  # a bad RLHF_BATCH_RUNS fails here, before the run
-    state = MR.begin(out_dir, MR.settings(world, steps_scale, label_budget, rounds, guardrails), resume, echo)
+    state = MR.begin(out_dir, MR.settings(world, steps_scale, label_budget, rounds, guardrails), resume, echo, overwrite)
     t0 = time.perf_counter()
     params = {"world": world.root, "steps_scale": steps_scale, "label_budget": label_budget, "rounds": rounds,
               "batch_runs": batch, **{f"guardrail.{k}": v for k, v in (guardrails or {}).items()}}

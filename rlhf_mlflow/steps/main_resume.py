@@ -2,10 +2,10 @@
 
 `--out` holds main_state.json: the settings main runs with (world hash, steps scale, label budget, rounds,
 guardrails), the main runs that worked on it (the first, then each resume), a journal of what they
-finished, and whether main finished. A resume with other settings is refused naming the option; a fresh
-main (no --resume) refuses an --out whose main did not finish, and otherwise starts it over (the previous
-main's label files and rounds.json go: its runs logged them). What a resume reuses, and how it knows each
-is whole:
+finished, and whether main finished; it is main's marker in the one output rule (steps/outputs.py). A
+resume with other settings is refused naming the option; a fresh main (no --resume) refuses an --out
+whose main did not finish, and replaces a finished main's directory only with --overwrite (its runs
+logged what it held). What a resume reuses, and how it knows each is whole:
 - expert labels: every labels-*.jsonl in --out (written whole) counts as spent and is not bought again;
 - the diagnostic and its correction, each candidate's evaluation (dev_eval, certify, its label
   purchases) and grade: the journal; a release: the version's `release.decision` (never decided twice);
@@ -16,12 +16,12 @@ is whole:
 """
 from __future__ import annotations
 
-import glob
 import json
 import os
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 
+from rlhf_mlflow.core import files as F
 from rlhf_mlflow.core import records as D
 from rlhf_mlflow.core.checkpoint import content_sha256
 from rlhf_mlflow.core.errors import InputError, read_json
@@ -30,19 +30,23 @@ from rlhf_mlflow.core.process import process_state
 from rlhf_mlflow.core.world_paths import WorldPaths
 from rlhf_mlflow.steps.grade import run_grade
 from rlhf_mlflow.steps.main_candidates import TrainJob, train_all
+from rlhf_mlflow.steps.outputs import check_out_dir
 from rlhf_mlflow.steps.release import run_release
 from rlhf_mlflow.tracking import registry as REG
 from rlhf_mlflow.tracking import rm_registry as RMR
 from rlhf_mlflow.tracking import runs as T
 from rlhf_mlflow.tracking.repair import repair as repair_store
 
-STATE = "main_state.json"
+STATE = F.MAIN_STATE
+STEP = "main"
 OPTIONS = {"world_hash": "--world", "steps_scale": "--steps-scale", "label_budget": "--label-budget",
            "rounds": "--rounds", "guardrails": "--guardrail"}
 """The settings a resume must share with the main it continues, and the option that sets each."""
-PREVIOUS_FILES = ("labels-*.jsonl", "label_requests-*.jsonl", "repair-labels-*.jsonl", "rounds.json")
-"""What a fresh main removes from an --out a finished main left (a resume would count those labels)."""
 DECIDED = ("promoted", "refused", "superseded")
+
+
+class MainStateError(InputError):
+    """main's own refusal of an --out (no main to resume there, or one that did not finish): a usage error."""
 
 
 class SettingsMismatch(InputError):
@@ -92,6 +96,8 @@ def read_state(out_dir: str) -> MainState | None:
     if not os.path.isfile(path):
         return None
     raw = read_json(path)
+    if not isinstance(raw, dict) or not isinstance(raw.get("settings"), dict):
+        raise MainStateError(f"{path}: not a main's state (expected an object with 'settings')")
     return MainState(path, raw["settings"], raw.get("runs", []), raw.get("done", {}), raw.get("finished", False))
 
 
@@ -106,9 +112,9 @@ def resumable(out_dir: str) -> MainState:
     """The state of the unfinished main in `out_dir`, or InputError saying why there is none."""
     state = read_state(out_dir)
     if state is None:
-        raise InputError(f"--resume: --out {out_dir} holds no main to resume (no {STATE})")
+        raise MainStateError(f"--resume: --out {out_dir} holds no main to resume (no {STATE})")
     if state.finished:
-        raise InputError(f"--resume: the main in --out {out_dir} (run {state.runs[-1]}) finished: nothing to resume")
+        raise MainStateError(f"--resume: the main in --out {out_dir} (run {state.runs[-1]}) finished: nothing to resume")
     return state
 
 
@@ -116,17 +122,31 @@ def refuse_unfinished(out_dir: str) -> None:
     """A fresh main must not start over a main that did not finish: its labels would be bought again."""
     state = read_state(out_dir)
     if state is not None and state.runs and not state.finished:
-        raise InputError(f"--out {out_dir} holds a main that did not finish (run {state.runs[-1]}): "
-                         "continue it with --resume, or choose another --out (or remove this one) to start over")
+        raise MainStateError(f"--out {out_dir} holds a main that did not finish (run {state.runs[-1]}): "
+                             "continue it with --resume, or choose another --out (or remove this one) to start over")
 
 
-def begin(out_dir: str, wanted: dict, resume: bool, echo: Callable[[str], None]) -> MainState:
-    """The state this main works with: the stopped main's (checked) when resuming, else a new one."""
+def check_out(out_dir: str, reads: dict[str, str | None] | None, resume: bool, overwrite: bool
+              ) -> tuple[str, MainState | None]:
+    """main's --out, before any run: main's own refusals first (MainStateError: a resume needs a main
+    that did not finish there, a fresh main refuses one: its labels would be bought again); then the
+    one output rule (outputs.check_out_dir): new or empty, the stopped main's when resuming, or with
+    `overwrite` a finished main's. Returns the absolute path and the state a resume continues."""
+    if resume and overwrite:
+        raise MainStateError("--resume continues the main in --out and --overwrite starts one over: pass one of them")
+    state = resumable(out_dir) if resume else None
     if not resume:
         refuse_unfinished(out_dir)
-        for pattern in PREVIOUS_FILES:
-            for path in glob.glob(os.path.join(out_dir, pattern)):
-                os.remove(path)
+    target = check_out_dir(out_dir, STEP, reads, state.runs[-1] if state and state.runs else None, overwrite)
+    return target, state
+
+
+def begin(out_dir: str, wanted: dict, resume: bool, echo: Callable[[str], None], overwrite: bool = False) -> MainState:
+    """The state this main works with: the stopped main's (checked) when resuming, else a new one, in a
+    directory that is new, empty or (with `overwrite`) a finished main's, emptied first."""
+    if not resume:
+        refuse_unfinished(out_dir)
+        F.claim_out_dir(out_dir, F.Owner(STEP), overwrite, mark=False)  # main_state.json is main's marker
         state = MainState(os.path.join(out_dir, STATE), wanted)
         state.save()
         return state

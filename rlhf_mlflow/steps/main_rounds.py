@@ -146,7 +146,9 @@ def _repair(ctx: RoundContext, r: int, diagnostic: str) -> dict:
         return reused
     merged = os.path.join(ctx.out_dir, f"repair-labels-r{r}.jsonl")
     D.write_jsonl(merged, labels_so_far(ctx.out_dir))
-    return run_repair_rm(ctx.world, [merged], rm_dir, diagnostic, echo=ctx.echo, run_name=f"repair_rm-r{r}")
+    # main's own directory: a repair an earlier main run of this --out left there (cut short) is replaced
+    return run_repair_rm(ctx.world, [merged], rm_dir, diagnostic, echo=ctx.echo, run_name=f"repair_rm-r{r}",
+                         overwrite=True)
 
 
 def _correction(ctx: RoundContext, r: int, repaired: dict) -> str | None:

@@ -1,22 +1,29 @@
 """Where a step may write (`--out`), checked before any run starts: never onto or over a file the
-command reads, the tracking store's files or a world, and always somewhere writable; a run directory
-is empty, this run's, or (with --overwrite) another run's marked one (core/files.py)."""
+command reads, the tracking store's files or a world, and always somewhere writable.
+
+A directory is written by the one output rule (core/files.py: check_out_dir, then claim_out_dir or
+atomic_dir with the run as owner), whichever command writes it: new or empty; or this run's own (a
+resume); or, with --overwrite, another run's of the same command, as its marker says. Files no
+marker claims, another command's output, a world and a store are refused, --overwrite or not.
+"""
 from __future__ import annotations
 
 from rlhf_mlflow.core import files as F
 from rlhf_mlflow.tracking.store_paths import store_paths
 
 
-def check_out(out: str, reads: dict[str, str | None] | None = None, option: str = "--out",
-              directory: bool = False) -> str:
-    """`out` leaves every input in `reads` (name -> path), the store and every world alone, and a file
-    (or with `directory` a directory) can be written there. Returns the absolute path."""
+def check_out(out: str, reads: dict[str, str | None] | None = None, option: str = "--out") -> str:
+    """`out`, a file, leaves every input in `reads` (name -> path), the store and every world alone,
+    and can be written. Returns the absolute path."""
     F.check_out_is_free(out, reads, store_paths(), option)
-    return F.check_writable(out, option, directory=directory)
+    return F.check_writable(out, option)
 
 
-def check_run_out(out: str, reads: dict[str, str | None] | None = None, overwrite: bool = False,
-                  run_id: str | None = None, option: str = "--out") -> str:
-    """As check_out for a run directory, which must also be free for this run (files.check_run_dir)."""
-    F.check_out_is_free(out, reads, store_paths(), option)
-    return F.check_run_dir(out, run_id=run_id, overwrite=overwrite, option=option)
+def check_out_dir(out: str, command: str, reads: dict[str, str | None] | None = None, run_id: str | None = None,
+                  overwrite: bool = False, option: str = "--out") -> str:
+    """`out`, the directory `command` writes (its step's name), leaves every input, the store and every
+    world alone (build_world's may be the world it wrote), and the one output rule lets `run_id` (None:
+    a new run) write there, replacing another run's of `command` with `overwrite`. Returns the
+    absolute path."""
+    F.check_out_is_free(out, reads, store_paths(), option, may_be_world=command == F.BUILD_WORLD)
+    return F.check_out_dir(out, command, run_id, overwrite, option)

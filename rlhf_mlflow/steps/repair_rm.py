@@ -26,7 +26,7 @@ from rlhf_mlflow.decisions import rm_gate
 from rlhf_mlflow.decisions.correction import fit_corrections
 from rlhf_mlflow.decisions.diagnostic import run_diagnostic
 from rlhf_mlflow.decisions.label_requests import check_prompts_known, read_label_files
-from rlhf_mlflow.steps.outputs import check_out
+from rlhf_mlflow.steps.outputs import check_out_dir
 from rlhf_mlflow.tracking import metric_names as MN
 from rlhf_mlflow.tracking import rm_registry as RMR
 from rlhf_mlflow.tracking import runs as T
@@ -76,11 +76,11 @@ def _register_root(world: WorldPaths, run_id: str, replaces: str | None) -> str:
 
 def run_repair_rm(world: WorldPaths, labels: list[str], out: str, diagnostic: str | None = None,
                   parent_version: str | None = None, cfg: RR.RepairConfig = RR.RepairConfig(),
-                  echo: Callable[[str], None] = print, run_name: str = "repair_rm") -> dict:
+                  echo: Callable[[str], None] = print, run_name: str = "repair_rm", overwrite: bool = False) -> dict:
     """Repair, register and gate; returns {"version", "parent_version", "replaces", "promoted", "gate",
-    "agreement", "diagnostic" (the repaired model's), "out", "run_id"}."""
-    check_out(out, {"--world": world.root, "--diagnostic": diagnostic, **{f"--labels[{i}]": p for i, p in enumerate(labels)}},
-              directory=True)
+    "agreement", "diagnostic" (the repaired model's), "out", "run_id"}. `out` follows the one output
+    rule (outputs.py): new or empty, or with `overwrite` another repair_rm run's; written whole, marked."""
+    check_out_dir(out, RR.STEP, reads(world, diagnostic, labels), overwrite=overwrite)
     experts_bought = _checked_labels(world, labels)  # before the run: bad input leaves no run behind
     recorded = WR.world_params(world)  # what the run records of its world (refused when not the store's record)
     if parent_version:
@@ -105,7 +105,7 @@ def run_repair_rm(world: WorldPaths, labels: list[str], out: str, diagnostic: st
                              on_fold=lambda k: echo(f"  fold {k + 1}/{cfg.folds}"), anchors=anchors)
         logger.flush()
         members = _ensemble(parent_dir, qa, gold + experts_bought, rules, cfg, anchors, info, echo)
-        RR.save_repaired(rm, R.load_rm(parent_dir)[1], qa, info, out, members)
+        RR.save_repaired(rm, R.load_rm(parent_dir)[1], qa, info, out, members, run.info.run_id)
         # the repair's expert labels credit what they show to be correctness (a label head pays for
         # tokens under attribute values: the truth's own form, not a shortcut)
         experts_file = os.path.join(tmp, "experts.jsonl")
@@ -128,6 +128,12 @@ def run_repair_rm(world: WorldPaths, labels: list[str], out: str, diagnostic: st
                                                  f"REFUSED ({rm_gate.summary(gate)})"))
     return {"version": version, "parent_version": parent, "replaces": replaces, "promoted": promoted, "gate": gate, "out": out,
             "agreement": info["agreement"], "diagnostic": child_diag, "run_id": run.info.run_id}
+
+
+def reads(world: WorldPaths | None, diagnostic: str | None, labels: list[str]) -> dict[str, str | None]:
+    """What a repair reads, by option: what its --out may not be or hold."""
+    return {"--world": world.root if world else None, "--diagnostic": diagnostic,
+            **{f"--labels[{i}]": p for i, p in enumerate(labels)}}
 
 
 def _ensemble(parent_dir: str, qa: list[dict], experts: list[dict], rules: list[dict], cfg: RR.RepairConfig,

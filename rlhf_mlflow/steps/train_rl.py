@@ -38,6 +38,8 @@ from rlhf_mlflow.training.rl_config import PATH_KEYS, RLConfig
 from rlhf_mlflow.training.train_rl import Resume, train_rl
 
 CONFIG_ARTIFACT = "run_config.json"
+STEP = "train_rl"
+"""The step's name: its runs' tag `rlhf.step`, and the command its --out's marker names."""
 WATCH_SELECT = ("watch_best", "watch_proposal")
 """`select` by the watch: its best point where the expert set vouches for every family, or its proposal
 (the best estimate, vouched for or not: for a caller that buys labels to vouch for it, as `main` does)."""
@@ -87,7 +89,7 @@ def run_train_rl(cfg: RLConfig, world: WorldPaths | None = None, out: str | None
     with T.tracked_run("train_rl", params, tags=tags, run_name=recipe,
                        description=description) as run:
         if out:
-            F.claim_run_dir(out, run.info.run_id, overwrite)
+            F.claim_out_dir(out, F.Owner(STEP, run.info.run_id), overwrite)
         if wrapper:
             T.log_bytes(wrapper.source, os.path.basename(wrapper.path), "reward_wrapper")
         T.log_records_input(prompts, cfg.prompt_file, "training")
@@ -122,7 +124,7 @@ def resume_train_rl(run_id: str, out: str | None = None, register: bool = True,
         stored = stored_steps(run_id)
         with T.tracked_run("train_rl", tags={"rlhf.resumed_from_step": str(start)}, run_id=run_id):
             if out:
-                F.claim_run_dir(out, run_id)
+                F.claim_out_dir(out, F.Owner(STEP, run_id))
             select = run.data.tags.get("rlhf.select") if run.data.tags.get("rlhf.select") in WATCH_SELECT else None
             if register and run.data.tags.get("rlhf.register") == "false":
                 echo(f"not registering: run {run_id} was started with --no-register")
@@ -284,10 +286,7 @@ def _model_name(recipe: str) -> str:
 
 
 def _check_out(out: str, cfg: RLConfig, overwrite: bool) -> None:
-    """Before the run: `out` is none of the run's inputs and holds none, is no tracking store's or
-    world's, is writable and free (outputs.check_run_out), and --overwrite would not delete the
-    current directory."""
-    from rlhf_mlflow.steps.outputs import check_run_out
-    check_run_out(out, {key: getattr(cfg, key) for key in PATH_KEYS}, overwrite)
-    if overwrite and os.path.join(os.getcwd(), "").startswith(os.path.join(os.path.realpath(out), "")):
-        raise InputError(f"--out {out} --overwrite would delete the current directory: choose another directory")
+    """Before the run: `out` is none of the run's inputs and holds none, and the one output rule lets a
+    new train_rl run write there (outputs.check_out_dir)."""
+    from rlhf_mlflow.steps.outputs import check_out_dir
+    check_out_dir(out, STEP, {key: getattr(cfg, key) for key in PATH_KEYS}, overwrite=overwrite)

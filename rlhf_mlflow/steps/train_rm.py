@@ -5,22 +5,24 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import asdict
 
+from rlhf_mlflow.core import files as F
 from rlhf_mlflow.core import records as D
 from rlhf_mlflow.core import reward_model as R
+from rlhf_mlflow.steps.outputs import check_out_dir
 from rlhf_mlflow.tracking import metric_names as MN
-from rlhf_mlflow.steps.outputs import check_out
 from rlhf_mlflow.tracking import runs as T
 from rlhf_mlflow.tracking.metric_logger import MetricLogger
 from rlhf_mlflow.training.train_rm import RMConfig, per_family_fit, train_rm
 
 
 def run_train_rm(data: str, out: str, cfg: RMConfig, gold: str | None = None,
-                 echo: Callable[[str], None] = print) -> dict:
-    """Train, save to `out`, log; returns the per-family fit on the training records."""
-    check_out(out, {"--data": data, "--gold": gold}, directory=True)
+                 echo: Callable[[str], None] = print, overwrite: bool = False) -> dict:
+    """Train, save to `out` (whole, marked as this run's: the one output rule, outputs.py; `overwrite`
+    replaces another train_rm run's), log; returns the per-family fit on the training records."""
+    check_out_dir(out, "train_rm", {"--data": data, "--gold": gold}, overwrite=overwrite)
     records = D.read_jsonl(data, labelled=True)
     gold_recs = D.read_jsonl(gold, labelled=True) if gold else None
-    with T.tracked_run("train_rm", {**asdict(cfg), "data": data, "gold": gold}):
+    with T.tracked_run("train_rm", {**asdict(cfg), "data": data, "gold": gold}) as run:
         T.log_records_input(records, data, "training")
         logger = MetricLogger()
 
@@ -30,7 +32,8 @@ def run_train_rm(data: str, out: str, cfg: RMConfig, gold: str | None = None,
 
         rm, info = train_rm(records, cfg, on_log=on_log)
         logger.flush()
-        R.save_rm(rm, info["config"], out)
+        with F.atomic_dir(out, F.Owner("train_rm", run.info.run_id)) as staging:
+            R.save_rm(rm, info["config"], staging)
         metrics = {f"label_pearson/{f}": v["pearson"] for f, v in info["fit"].items()}
         if gold_recs:
             scores = R.score(rm, D.prompts_tensor(gold_recs), D.responses_tensor(gold_recs))

@@ -240,20 +240,24 @@ REPORT = R.REPAIR_REPORT
 """What the repair measured, beside the weights in its output directory."""
 
 
+STEP = "repair_rm"
+"""The command a repaired model's directory marker names (the step and the portable form alike)."""
 ENSEMBLE_DIR = "ensemble"
 """Where save_repaired puts the ensemble's members inside the repaired model's directory."""
 
 
 def save_repaired(rm: R.RewardModel, rm_config: dict, qa: list[dict], info: dict, out_dir: str,
-                  members: list[R.RewardModel] | None = None) -> None:
+                  members: list[R.RewardModel] | None = None, run_id: str | None = None) -> None:
     """A seed-format reward-model directory (rm.safetensors, config.json, train.jsonl: the QA sample as
     given, so the diagnostic can audit the repaired model) plus repair.json and, with `members`, the
-    ensemble (ENSEMBLE_DIR; the members share the repaired model's label head), whole or not at all."""
+    ensemble (ENSEMBLE_DIR; the members share the repaired model's label head), whole or not at all,
+    marked as repair_rm run `run_id`'s (None: the portable form's): it replaces only a directory
+    another repair marked (the one output rule, core/files.py)."""
     import json
 
-    from rlhf_mlflow.core.files import atomic_dir
+    from rlhf_mlflow.core.files import Owner, atomic_dir
     from rlhf_mlflow.core.reward_ensemble import save_ensemble
-    with atomic_dir(out_dir) as tmp:
+    with atomic_dir(out_dir, Owner(STEP, run_id)) as tmp:
         R.save_rm(rm, rm_config, tmp)
         if members:
             save_ensemble(members, rm_config, f"{tmp}/{ENSEMBLE_DIR}", {"recipe": info.get("ensemble")}, rm.label_head)

@@ -23,7 +23,7 @@ from rlhf_mlflow.core import reward_model as R
 from rlhf_mlflow.core import rollout
 from rlhf_mlflow.core import vocab as V
 from rlhf_mlflow.core.errors import InputError, read_json
-from rlhf_mlflow.core.files import atomic_dir, atomic_write_json, atomic_write_text
+from rlhf_mlflow.core.files import BUILD_WORLD, Owner, atomic_dir, atomic_write_json, atomic_write_text
 from rlhf_mlflow.core.vocab import PILOT_MIX
 from rlhf_mlflow.core.digest import digest_of
 from rlhf_mlflow.core.world_paths import WorldPaths, world_files
@@ -128,7 +128,7 @@ def build_world(out_dir: str, seed: int = 0, spec: list[dict] | None = None, sca
     torch.manual_seed(cfg.seed)
     truth = Truth.generate(rng, cfg.shared_table)
     confusions = confusion_tables(rng)
-    with atomic_dir(out_dir) as tmp:
+    with atomic_dir(out_dir, Owner(BUILD_WORLD, world_hash(cfg, spec))) as tmp:  # its manifest is its marker
         world = WorldPaths(tmp)
         say("training the reference policy on noisy demonstrations")
         policy = _reference_policy(world, cfg, truth, confusions, rng, lambda epoch, n, loss: say(
