@@ -30,7 +30,7 @@ from rlhf_mlflow.core import records as D
 @dataclass(frozen=True)
 class Predictions:
     """The cross-fitted predictor on a family's arrays (what label_arrays gives for the reward model)."""
-    unlabelled: np.ndarray  # (P, m): the policy's own samples on the P expert prompts
+    unlabelled: np.ndarray | list  # (P, m): the policy's own samples on the P expert prompts (a table's: P arrays)
     labelled: np.ndarray    # (n,): the labelled responses
     expert: np.ndarray      # (P,): the expert set's reference samples
 
@@ -64,13 +64,16 @@ def cross_fitted(ev: dict, labels: list[dict], label_scores: np.ndarray, at: np.
     fold_xp, fold_lab = prompt_folds(ev.get("fold_prompts", ev["prompts"]), at, folds, seed)
     fold = torch.from_numpy(np.concatenate([fold_xp, fold_lab]))
     pol_ids = ev["policy_ids"]
-    m = len(pol_ids) // P
+    group = ev.get("policy_group")  # each unlabelled sample's expert prompt (certify's: K each, in order)
+    group = np.repeat(np.arange(P), len(pol_ids) // P) if group is None else np.asarray(group, int)
     pol_trunk = torch.as_tensor(ev["policy_scores_all"], dtype=torch.float32)
     pred, pol_pred = torch.zeros(len(y)), torch.zeros(len(pol_ids))
-    pol_fold = torch.from_numpy(fold_xp).repeat_interleave(m)
+    pol_fold = torch.from_numpy(fold_xp[group])
     for k, head in enumerate(HF.cross_fitted_heads(ids, y, trunk, fold, alpha)):
         held, pol_held = fold == k, pol_fold == k
         pred[held] = head.combine(ids[held], trunk[held])
         pol_pred[pol_held] = head.combine(pol_ids[pol_held], pol_trunk[pol_held])
     pred, pol_pred = pred.double().numpy(), pol_pred.double().numpy()
-    return Predictions(pol_pred.reshape(P, m), pred[P:], pred[:P])
+    per_prompt = [pol_pred[group == g] for g in range(P)]
+    rectangular = len({len(a) for a in per_prompt}) == 1
+    return Predictions(np.stack(per_prompt) if rectangular else per_prompt, pred[P:], pred[:P])

@@ -15,7 +15,7 @@ family, and the balanced (deployment) mix; only the arrays come from files a use
 - off-policy evidence: the expert rows' `logp_policy` - `logp_reference` (and the samples' own, for
   the population ESS); KL per family: the samples' mean of the same difference;
 - the label head (cross_fit.py) where every row carries the seed's tokens and the samples sit on the
-  expert set's prompts, K each; shortcut counts (marker collapse) where rows carry the seed's tokens.
+  expert set's prompts; shortcut counts (marker collapse) where rows carry the seed's tokens.
 A family the table cannot speak for is refused, saying why, exactly as certify refuses one.
 """
 from __future__ import annotations
@@ -156,9 +156,8 @@ def _off_policy(ev: dict, unlabelled: list[dict], expert: list[dict], aligned: b
 
 def _label_head(ev: dict, unlabelled: list[dict], labelled: list[dict], expert: list[dict], aligned: bool) -> None:
     """The token ids cross_fit.py learns the label head from, where the table allows it: the seed's
-    fields on every row, scores on the expert rows, and K samples on each expert prompt."""
-    sizes = np.bincount(ev["policy_group"], minlength=len(ev["prompts"])) if len(ev["policy_group"]) else []
-    ok = (aligned and len(set(sizes)) == 1 and all(r.get("seed") for r in [*unlabelled, *expert])
+    fields on every row, scores on the expert rows, and the samples on the expert set's prompts."""
+    ok = (aligned and all(r.get("seed") for r in [*unlabelled, *expert])
           and all("attrs" in r for r in labelled) and all("score" in r for r in expert))
     ev["label_head"] = ok
     if ok:
