@@ -18,8 +18,8 @@ def run_train_rm(data: str, out: str, cfg: RMConfig, gold: str | None = None,
                  echo: Callable[[str], None] = print) -> dict:
     """Train, save to `out`, log; returns the per-family fit on the training records."""
     check_out(out, {"--data": data, "--gold": gold}, directory=True)
-    records = D.read_jsonl(data, labelled=True)
-    gold_recs = D.read_jsonl(gold, labelled=True) if gold else None
+    records = D.read_jsonl(data, labelled=True, scale=D.CROWD)  # crowd or expert: the wider range
+    gold_recs = D.read_jsonl(gold, labelled=True, scale=D.EXPERT) if gold else None
     with T.tracked_run("train_rm", {**asdict(cfg), "data": data, "gold": gold}):
         T.log_records_input(records, data, "training")
         logger = MetricLogger()
