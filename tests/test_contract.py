@@ -339,3 +339,37 @@ def test_mains_run_names_are_unique(story_store):
         [e.experiment_id for e in mlflow.MlflowClient(uri).search_experiments()])
     names = [r.info.run_name for r in runs]
     assert len(names) == len(set(names)), sorted(n for n in names if names.count(n) > 1)
+
+
+# D. a world in the seed's format, end to end -----------------------------------------------------
+
+@pytest.mark.slow  # ~10 minutes: main with two rounds
+def test_a_world_in_the_seeds_format_runs_main_for_two_rounds(tiny_world, tmp_path):
+    """Expert labels below 0 (the seed's expert set reaches -0.145) and crowd labels paid bonuses above 1:
+    `main --rounds 2` finishes, its round 2 repairs the reward model with every label bought (some below 0
+    too) and certifies the round's candidates, and no two of its runs share a name."""
+    from rlhf_mlflow.steps.main_rounds import labels_so_far
+    world = WorldPaths.at(tiny_world)
+    assert min(r["label"] for r in D.read_jsonl(world.expert_set, labelled=True, scale=D.EXPERT)) < 0
+    assert max(r["label"] for r in D.read_jsonl(world.qa, labelled=True, scale=D.CROWD)) > 1
+    out = tmp_path / "out"
+    res = _run("main", "--world", tiny_world, "--out", out, "--rounds", 2, "--steps-scale", 0.05,
+               "--guardrail", "min_balanced_gain=-1", "--guardrail", "require_significant_gain=false")
+    assert res.exit_code == 0, res.output
+    (record,) = json.load(open(out / "rounds.json"))
+    print("round 2:", {k: record.get(k) for k in ("rm_version", "rm_promoted", "repair_labels", "versions")})
+    assert record["round"] == 2
+    assert min(r["label"] for r in labels_so_far(str(out))) < 0
+    runs = mlflow.search_runs(search_all_experiments=True, output_format="list")
+    names = [r.info.run_name for r in runs]
+    assert len(names) == len(set(names)), sorted(n for n in names if names.count(n) > 1)
+    assert all(r.info.status == "FINISHED" for r in runs)
+    (repair,) = [r for r in runs if r.data.tags["rlhf.step"] == "repair_rm"]
+    assert int(repair.data.metrics["repair/expert_labels"]) > record["repair_labels"]
+    mv = mlflow.MlflowClient().get_model_version("rlhf-reward-model", record["rm_version"])
+    assert mv.tags["parent_version"] != "none"
+    if not record["rm_promoted"]:  # the gate refused the repair: the rounds stop there, certifying nothing more
+        assert mv.description.startswith("REFUSED")
+        return
+    certified = {r.data.params.get("model_version") for r in runs if r.data.tags["rlhf.step"] == "certify"}
+    assert len(record["versions"]) == 2 and set(record["versions"]) <= certified
