@@ -66,7 +66,8 @@ def label_requests_main(argv: list[str] | None = None) -> int:
         check_range("--per-family", a.per_family, 1, 10_000, integer=True)
         M.load_policy(a.reference)  # checked, like certify's reference
         families = [f.strip() for f in a.families.split(",")] if a.families else None
-        return draw_requests(M.load_policy(a.policy)[0], D.read_jsonl(a.gold, labelled=True, scale=D.EXPERT), a.per_family,
+        gold = D.read_jsonl(a.gold, labelled=True, scale=D.EXPERT)
+        return draw_requests(M.load_policy(a.policy)[0], gold, a.per_family,
                              families, a.seed)
     return _run(work, a, jsonl=True)
 
@@ -129,7 +130,8 @@ def repair_main(argv: list[str] | None = None) -> int:
                               label_head=a.label_head == "on", seed=a.seed)
         qa = D.read_jsonl(a.qa, labelled=True, scale=D.CROWD)
         rules = fit_corrections(read_json(a.diagnostic), qa, a.diagnostic) if a.diagnostic else []
-        experts = (D.read_jsonl(a.gold, labelled=True, scale=D.EXPERT) if a.gold else []) + read_label_files(a.labels)
+        gold = D.read_jsonl(a.gold, labelled=True, scale=D.EXPERT) if a.gold else []
+        experts = gold + read_label_files(a.labels)
         _, rm_config = R.load_rm(a.rm_dir)
         anchors = RR.anchor_rows(a.rm_dir, a.policy_dir, D.read_jsonl(a.prompts), cfg.anchors, rules, cfg.seed) \
             if a.policy_dir and a.prompts else []

@@ -63,7 +63,7 @@ def check_record(rec, where: str, labelled: bool | None, scale: str = CROWD) -> 
     return rec
 
 
-def check_label(label, where: str, scale: str = EXPERT) -> float:
+def check_label(label, where: str, scale: str) -> float:
     """The label, or InputError naming `where` unless it is a finite number inside LABEL_RANGES[scale]."""
     lo, hi = LABEL_RANGES[scale]
     if not isinstance(label, (int, float)) or isinstance(label, bool) or not math.isfinite(label):
