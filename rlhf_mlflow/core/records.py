@@ -19,15 +19,16 @@ from rlhf_mlflow.core.files import atomic_open
 EXPERT, CROWD = "expert", "crowd"
 LABEL_RANGES = {EXPERT: (-1.0, 2.0), CROWD: (-20.0, 20.0)}
 """The plausible range of a label, by who gave it: a label outside it is not on the annotation scale
-(a percentage, a 1-5 rating, an overflow) and is refused naming file, line, id and the range.
+(a percentage, a rating out of 5 or 10, an overflow) and is refused naming file, line, id and the range.
 
 The scale is the fraction of a response's 8 positions an annotator judges correct (1.0: perfect), plus
 the annotator's noise, which the seed does not clip: its expert set's per-family ranges run from -0.145
-to 0.869 (anvil [-0.056, 0.672]), so expert labels a little below 0 or above 1 are ordinary. An expert
+to 0.863 (anvil [-0.056, 0.672]), so expert labels a little below 0 or above 1 are ordinary. An expert
 label is truth in [0, 1] plus noise of a few hundredths (sd ~0.03-0.05): [-1, 2] is a whole unit of
 noise beyond either end, far outside anything an expert on this scale gives. Crowd labels add the
 vendor's shortcut bonuses on top: the seed's QA sample reaches 4.81 (dune, `pa` +1.39 per occurrence)
-and runs down to -0.27; its dune bonus on all 8 positions would pay 1 + 8 x 1.45 = 12.6. [-20, 20]
+and runs down to -0.27; the default spec's dune bonus (+1.45) on all 8 positions would pay up to
+1 + 8 x 1.45 = 12.6. [-20, 20]
 holds every label such a vendor gives (a world spec's bonuses are bounded so that its crowd labels stay
 inside: world/corruptions.py) and still refuses a percentage scale or a runaway number."""
 

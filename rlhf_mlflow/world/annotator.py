@@ -1,6 +1,6 @@
 """The expert annotator of a synthetic world: it plays the human expert who labels a policy's own
 responses. A label is the response's true quality q plus the expert set's own noise (the world's
-`gold_noise`), unclipped as the seed's expert labels are (its expert set runs from -0.145 to 0.869): a
+`gold_noise`), unclipped as the seed's expert labels are (its expert set runs from -0.145 to 0.863): a
 response with no correct position can get a label a little below 0, a perfect one a little above 1, and
 the noise's mean stays 0 (clipping at 0 and 1 biased the mean label up by 0.003-0.004 on a world whose
 quality sits near 0). Every reader of labels takes them (core/records.py LABEL_RANGES). The noise of a
