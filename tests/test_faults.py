@@ -528,7 +528,7 @@ def test_train_rl_and_certify_record_the_executed_files_hash(tiny_world, tmp_pat
 @pytest.mark.parametrize("args,message", [
     (["--guardrail", "max_kl=3"], "unknown guardrail key 'max_kl'"),
     (["--guardrails", "min_balanced_gain=nan"], "min_balanced_gain must be a number in [-1, 1], got nan"),
-    (["--steps-scale", "0"], "--steps-scale must be > 0"),
+    (["--steps-scale", "0"], "--steps-scale must be a number in (0, 50], got 0.0"),
 ])
 def test_main_refuses_bad_options_before_any_run(tiny_world, tmp_path, args, message):
     res = CliRunner().invoke(cli, ["main", "--world", tiny_world, "--out", str(tmp_path / "out"), *args])

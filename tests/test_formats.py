@@ -167,5 +167,5 @@ def test_labelled_reader_requires_labels(tmp_path):
     path = tmp_path / "gold.jsonl"
     path.write_text('{"id": "g", "family": "anvil", "attrs": [0, 0, 0, 0], "response": ' + json.dumps(["ba"] * 8)
                     + "}\n")
-    with pytest.raises(InputError, match=r"gold\.jsonl:1: 'label' must be a finite number"):
+    with pytest.raises(InputError, match=r"gold\.jsonl:1 \(id 'g'\): 'label' must be a finite number"):
         D.read_jsonl(str(path), labelled=True)

@@ -83,9 +83,9 @@ def test_t_quantiles_and_the_union_bound():
 
 
 def test_the_skew_correction_moves_the_interval_towards_where_skewed_labels_miss():
-    """Quality near 0 (prompts' difficulty Beta(0.6, 6), fraction-of-8 labels, noise clipped about the
-    truth as the annotator clips it), 25 labels: the symmetric t interval misses high (the truth above
-    it) about three times as often as low; Hall's correction moves it up and covers more."""
+    """Quality near 0 (prompts' difficulty Beta(0.6, 6), fraction-of-8 labels plus the expert's unclipped
+    noise, as the annotator and the seed's expert give them), 25 labels: the symmetric t interval misses
+    high (the truth above it) more than twice as often as low; Hall's correction moves it up and covers more."""
     rng = np.random.default_rng(0)
     plain, moved, n, mu, ups = np.zeros(3), np.zeros(3), 25, 0.6 / 6.6, 0
     for _ in range(1500):
@@ -94,7 +94,7 @@ def test_the_skew_correction_moves_the_interval_towards_where_skewed_labels_miss
         f = 0.1 + 0.5 * qs + 0.1 * rng.standard_normal(qs.shape)
         lab = rng.permutation(100)[:n]
         ql = rng.binomial(8, qp[lab]) / 8
-        y = ql + np.clip(0.03 * rng.standard_normal(n), -np.minimum(ql, 1 - ql), np.minimum(ql, 1 - ql))
+        y = ql + 0.03 * rng.standard_normal(n)
         est = ppi_mean(f, 0.1 + 0.5 * ql + 0.1 * rng.standard_normal(n), y, lab)
         hw, shift = half_width(est.se, n, 0.9), skew_shift(est, est.lam * est.prompt_means, est.se, 0.9)
         assert abs(shift) <= 0.54 * est.se      # never more than the clip allows
@@ -103,7 +103,7 @@ def test_the_skew_correction_moves_the_interval_towards_where_skewed_labels_miss
             tally += [c - hw <= mu <= c + hw, mu < c - hw, mu > c + hw]
     assert ups > 0.9 * 1500                      # right-skewed labels: up, almost always
     assert plain[2] > 2 * plain[1]               # the symmetric interval's misses lie high
-    assert moved[0] >= plain[0] + 15             # >= 1 point more coverage
+    assert moved[0] >= plain[0] + 8              # >= 0.5 point more coverage (0.9 here; 1.9 when the noise was clipped)
     assert moved[2] <= plain[2] - 20             # from fewer misses high
     symmetric = ppi_mean(np.full((100, 8), 0.5), np.full(4, 0.5), np.array([0.2, 0.4, 0.6, 0.8]))
     assert skew_shift(symmetric, symmetric.prompt_means, symmetric.se, 0.9) == pytest.approx(0.0, abs=1e-12)
@@ -235,15 +235,15 @@ def store(labelled_store, tmp_path, tracking_uri):
 
 @pytest.mark.parametrize("case,message", [
     ("duplicate", "duplicated id"),
-    ("range", "'label' must be a number in [0, 1], got 1.5"),
+    ("range", "'label' 35.5 is outside the plausible range of expert labels [-1, 2]"),
     ("nan", "'label' must be"),
     ("other_version", "not among the label requests"),
     ("edited_response", "response differ from the request"),
 ])
-def test_bad_labels_are_refused_with_the_run_failed_and_the_version_untagged(tiny_world, store, case, message):
+def test_bad_labels_are_refused_and_the_version_left_untagged(tiny_world, store, case, message):
     v1, v2, files = store
     labels, other = files[v1], files[v2]
-    edits = {"duplicate": lambda r: r.append(dict(r[0])), "range": lambda r: r[0].update(label=1.5),
+    edits = {"duplicate": lambda r: r.append(dict(r[0])), "range": lambda r: r[0].update(label=35.5),
              "nan": lambda r: r[0].update(label=float("nan"))}
     path = {"other_version": other,
             "edited_response": _edit(labels, lambda r: r[0].update(response=list(reversed(r[0]["response"]))))
@@ -251,9 +251,13 @@ def test_bad_labels_are_refused_with_the_run_failed_and_the_version_untagged(tin
     before = dict(mlflow.MlflowClient().get_model_version(REGISTERED_MODEL, v1).tags)
     res = _run("certify", "--model-version", v1, "--world", tiny_world, "--policy-labels", path)
     assert res.exit_code == 1 and message in res.output and "Traceback" not in res.output, res.output
-    (run,) = mlflow.search_runs(search_all_experiments=True, output_format="list",
-                                filter_string="tags.`rlhf.step` = 'certify'")
-    assert run.info.status == "FAILED"
+    runs = mlflow.search_runs(search_all_experiments=True, output_format="list",
+                              filter_string="tags.`rlhf.step` = 'certify'")
+    if case in ("duplicate", "range", "nan"):  # the file alone is bad: refused before any run
+        assert not runs
+    else:  # checked against the requests logged for the version, inside the run
+        (run,) = runs
+        assert run.info.status == "FAILED"
     assert dict(mlflow.MlflowClient().get_model_version(REGISTERED_MODEL, v1).tags) == before
 
 

@@ -93,7 +93,8 @@ def test_portable_repair_writes_a_reward_model_the_seed_layout_loads(tiny_world,
 
 @pytest.mark.parametrize("edit, match", [
     (lambda rows: rows + rows[:1], "duplicated id"),
-    (lambda rows: [{**rows[0], "label": 1.7}] + rows[1:], r"'label' must be a number in \[0, 1\]"),
+    (lambda rows: [{**rows[0], "label": 17.0}] + rows[1:], r"'label' 17.0 is outside the plausible range of expert "
+                                                           r"labels \[-1, 2\]"),
 ])
 def test_portable_repair_refuses_bad_labels_and_writes_nothing(tiny_world, tmp_path, edit, match):
     world = WorldPaths.at(tiny_world)

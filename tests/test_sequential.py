@@ -29,8 +29,8 @@ def test_the_boundary_by_hand():
 
 def _family(rng: np.random.Generator):
     """A family as certify sees it: 100 prompts of their own difficulty, 8 unlabelled samples of the
-    policy on each, quality a fraction of 8, a biased noisy predictor, and labels (expert noise clipped
-    about the truth) drawn one prompt each in a random order; returns (true mean, f_u, (f_l, y, prompt)
+    policy on each, quality a fraction of 8, a biased noisy predictor, and labels (the expert's unclipped
+    noise about the truth) drawn one prompt each in a random order; returns (true mean, f_u, (f_l, y, prompt)
     in arrival order)."""
     a = rng.uniform(0.8, 3.0)
     b = a * rng.uniform(1.0, 4.0)
@@ -39,7 +39,7 @@ def _family(rng: np.random.Generator):
     f = 0.1 + 0.6 * qs + 0.1 * rng.standard_normal(qs.shape)
     order = rng.permutation(100)[:max(LOOKS)]
     ql = rng.binomial(8, qp[order]) / 8
-    y = ql + np.clip(0.03 * rng.standard_normal(len(order)), -np.minimum(ql, 1 - ql), np.minimum(ql, 1 - ql))
+    y = ql + 0.03 * rng.standard_normal(len(order))
     fl = 0.1 + 0.6 * ql + 0.1 * rng.standard_normal(len(order))
     return a / (a + b), f, fl, y, order
 

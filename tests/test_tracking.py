@@ -87,7 +87,7 @@ def test_a_failing_run_is_marked_failed_and_registers_nothing(tiny_world, tmp_pa
 
 def test_bad_parameter_fails_before_any_run(tiny_world):
     res = _run("train-rl", "--world", tiny_world, "--kl-coef", -1)
-    assert res.exit_code == 1 and "kl_coef must be a number in [0, inf)" in res.output
+    assert res.exit_code == 1 and "kl_coef must be a number in [0, 100]" in res.output
     assert not [r for r in _runs("train_rl") if r.info.status == "RUNNING"]
 
 

@@ -15,9 +15,12 @@ from rlhf_mlflow.core.errors import InputError
 class Group(click.Group):
     """Turns InputError, and an OSError on a named file (a full disk, a vanished directory), into one
     clear error line (`Error: ...`, exit code 1; the step's run has already ended FAILED), and an
-    interrupt (Ctrl-C, SIGTERM) into one line and exit code 130 (the run is already marked KILLED)."""
+    interrupt (Ctrl-C, SIGTERM) into one line naming the run marked KILLED and how to go on with that
+    command (interrupted_message), exit code 130."""
 
     def invoke(self, ctx):
+        from rlhf_mlflow.core.process import killed_runs
+        killed_runs.clear()  # this command's own runs only (a test process invokes many)
         try:
             return super().invoke(ctx)
         except InputError as e:
@@ -27,9 +30,23 @@ class Group(click.Group):
                 raise
             raise click.ClickException(f"{e.filename}: {e.strerror or e}") from None
         except KeyboardInterrupt:
-            click.echo("interrupted: the step's MLflow run is marked KILLED (a train-rl run continues with "
-                       "`rlhf-mlflow train-rl --resume RUN_ID`)", err=True)
+            click.echo(interrupted_message(ctx.invoked_subcommand), err=True)
             ctx.exit(130)
+
+
+def interrupted_message(command: str | None) -> str:
+    """What an interrupted command says: its outermost run (marked KILLED) and how to go on, in that
+    command's own words: train-rl and main resume, every other command starts again."""
+    from rlhf_mlflow.core.process import killed_runs
+    if not killed_runs:
+        return f"interrupted: `rlhf-mlflow {command}` stopped; no MLflow run of it was running"
+    run_id, step = killed_runs[-1]
+    said = f"interrupted: the {step} run {run_id} is marked KILLED"
+    if command == "train-rl":
+        return f"{said}; continue it with `rlhf-mlflow train-rl --resume {run_id}`"
+    if command == "main":
+        return f"{said}; continue it with `rlhf-mlflow main --resume` and the same --out"
+    return f"{said}; run `rlhf-mlflow {command}` again to start it over"
 
 
 @click.group(cls=Group)

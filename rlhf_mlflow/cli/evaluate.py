@@ -5,7 +5,7 @@ import os
 
 import click
 
-from rlhf_mlflow.cli.options import echo_json, resolve_world
+from rlhf_mlflow.cli.options import SEED, echo_json, resolve_world
 
 fills_option = click.option("--world", default=None,
                             help="World whose files fill the options below (default: the default world).")
@@ -18,8 +18,8 @@ fills_option = click.option("--world", default=None,
 @click.option("--reward-model", default=None, help="Reward-model directory (default: <world>/reward_model).")
 @click.option("--prompts", default=None, help="Dev prompts JSONL (default: <world>/data/prompts_dev.jsonl).")
 @click.option("--gold", default=None, help="Expert gold JSONL (default: <world>/data/gold_calib.jsonl).")
-@click.option("--n", type=int, default=1, show_default=True, help="Samples per prompt.")
-@click.option("--seed", type=int, default=0, show_default=True, help="Sampling seed.")
+@click.option("--n", type=click.IntRange(1, 1024), default=1, show_default=True, help="Samples per prompt.")
+@click.option("--seed", type=SEED, default=0, show_default=True, help="Sampling seed.")
 @click.option("--out", default=None, help="Also write the metrics JSON here.")
 def dev_eval_cmd(policy, world, policy_ref, reward_model, prompts, gold, n, seed, out):
     """The seed's dev evaluation, plus per family, as an MLflow run linked to the policy's model."""
@@ -40,8 +40,9 @@ def dev_eval_cmd(policy, world, policy_ref, reward_model, prompts, gold, n, seed
 @click.option("--prompts", default=None, help="Prompts JSONL (default: <world>/data/prompts_train.jsonl).")
 @click.option("--gold", default=None,
               help="Optional expert set (labelled reference samples): credits what its labels show to be correctness.")
-@click.option("--n-prompts", type=int, default=48, show_default=True, help="Probe prompts per family (two reference responses each).")
-@click.option("--seed", type=int, default=0, show_default=True, help="Sampling seed.")
+@click.option("--n-prompts", type=click.IntRange(2, 10_000), default=48, show_default=True,
+              help="Probe prompts per family (two reference responses each).")
+@click.option("--seed", type=SEED, default=0, show_default=True, help="Sampling seed.")
 @click.option("--out", default=None, help="Also write the result JSON here.")
 def diagnostic_cmd(world, rm_dir, policy_dir, prompts, gold, n_prompts, seed, out):
     """Gold-free reward-shortcut audit per family, as an MLflow run."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from rlhf_mlflow.cli.options import echo_err, echo_json, overwrite_option, resolve_world, world_option
+from rlhf_mlflow.cli.options import SEED, Finite, echo_err, echo_json, overwrite_option, resolve_world, world_option
 from rlhf_mlflow.training.repair_rm import RepairConfig as RepairDefaults
 
 
@@ -16,9 +16,9 @@ from rlhf_mlflow.training.repair_rm import RepairConfig as RepairDefaults
 @world_option
 @click.option("--families", default="auto", show_default=True,
               help="auto (the families its certification refused off-policy), all, or F,G,...")
-@click.option("--per-family", type=click.IntRange(1), default=10, show_default=True,
+@click.option("--per-family", type=click.IntRange(1, 10_000), default=10, show_default=True,
               help="Requests per family (the first K of a fixed order: a larger K extends a smaller one).")
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the prompt order and the responses.")
+@click.option("--seed", type=SEED, default=0, show_default=True, help="Seed of the prompt order and the responses.")
 @click.option("--out", default="label_requests.jsonl", show_default=True, help="The requests (JSONL, no labels).")
 def label_requests_cmd(model_version, samples, world, families, per_family, seed, out):
     """Ask for expert labels on a version's own responses (expert-set prompts), as an MLflow run."""
@@ -60,10 +60,11 @@ def expert_label_cmd(world, requests, out):
 @click.option("--out", required=True, help="The repaired reward model's directory (seed format): new or empty; "
               "marked .rlhf_run.json as this run's.")
 @overwrite_option("another repair_rm run's directory")
-@click.option("--epochs", type=click.IntRange(1), default=RepairDefaults.epochs, show_default=True,
+@click.option("--epochs", type=click.IntRange(1, 10_000), default=RepairDefaults.epochs, show_default=True,
               help="Fine-tuning passes over the repair data.")
-@click.option("--lr", type=float, default=RepairDefaults.lr, show_default=True, help="Fine-tuning learning rate.")
-@click.option("--crowd-weight", type=float, default=RepairDefaults.crowd_weight, show_default=True,
+@click.option("--lr", type=Finite(0, 1, min_open=True), default=RepairDefaults.lr, show_default=True,
+              help="Fine-tuning learning rate.")
+@click.option("--crowd-weight", type=Finite(0, 100), default=RepairDefaults.crowd_weight, show_default=True,
               help="Multiplier on the crowd QA sample's noise weight (0: not used).")
 @click.option("--ensemble", type=click.IntRange(0, 32), default=0, show_default=True,
               help="Also train this many ensemble members on the same data (bootstraps with new heads), written to "
@@ -71,7 +72,7 @@ def expert_label_cmd(world, requests, out):
 @click.option("--label-head", type=click.Choice(["on", "off"]), default="on", show_default=True,
               help="Also fit a label head on the expert labels (a sparse table of which token at which position "
                    "goes with which prompt attribute) and stack it on the fine-tuned model by cross-validation.")
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--seed", type=SEED, default=0, show_default=True)
 def repair_rm_cmd(world, labels, diagnostic, parent_version, out, overwrite, epochs, lr, crowd_weight, ensemble,
                   label_head, seed):
     """Repair the reward model with every expert label so far; register it; promote it to production only

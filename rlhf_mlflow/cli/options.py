@@ -1,24 +1,41 @@
 """What several commands share: the world option, one click option per RL config key, the RL config
-from the command line, guardrail thresholds, and JSON output. Light to import: steps (torch, MLflow)
-are imported by the commands that run them."""
+from the command line, guardrail thresholds, numeric option types that refuse NaN and infinity, and
+JSON output. Light to import: steps (torch, MLflow) are imported by the commands that run them."""
 from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 
 import click
 from click.core import ParameterSource
 
-from rlhf_mlflow.core.config import field_docs
+from rlhf_mlflow.core.config import MAX_SEED, field_docs
 from rlhf_mlflow.core.errors import InputError, parse_json
 from rlhf_mlflow.core.world_paths import WorldPaths
 from rlhf_mlflow.training.rl_config import (
     PATH_KEYS,
     RLConfig,
+    check_fields,
     load_rl_config,
     parse_overrides,
 )
+
+
+class Finite(click.FloatRange):
+    """A float option in a range that is also finite: click's FloatRange lets `nan` through (it compares
+    false with every bound) and `inf` where there is no upper bound."""
+
+    def convert(self, value, param, ctx):
+        rv = super().convert(value, param, ctx)
+        if not math.isfinite(rv):
+            self.fail(f"{value!r} is not a finite number.", param, ctx)
+        return rv
+
+
+SEED = click.IntRange(0, MAX_SEED)
+"""A seed option: an integer in [0, 2^32 - 1] (core/config.py MAX_SEED)."""
 
 world_option = click.option("--world", default=None,
                             help="World directory (default: the default world, built on first use).")
@@ -66,6 +83,13 @@ def rl_options(fn):
         fn = click.option(f"--{f.name.replace('_', '-')}", f.name, type=kind, default=default,
                           show_default=True, help=docs[f.name])(fn)
     return fn
+
+
+def check_rl_options(ctx: click.Context, overrides: tuple[str, ...], options: dict) -> None:
+    """Every numeric RL option and --override given, checked as RLConfig checks it (finite, in its range),
+    before the command resolves (or builds) a world or starts a run."""
+    check_fields({**parse_overrides(overrides), **{n: v for n, v in options.items()
+                                                   if ctx.get_parameter_source(n) != ParameterSource.DEFAULT}})
 
 
 def explicit_options(ctx: click.Context, options: dict, world: WorldPaths | None) -> dict:

@@ -19,6 +19,7 @@ import json
 import sys
 from collections.abc import Callable
 
+from rlhf_mlflow.core.config import check_range, check_seed
 from rlhf_mlflow.core.errors import InputError
 from rlhf_mlflow.core.files import atomic_write_json, atomic_write_text, check_out_dir, check_out_is_free, check_writable
 from rlhf_mlflow.training.repair_rm import STEP as REPAIR
@@ -97,12 +98,14 @@ def label_requests_main(argv: list[str] | None = None) -> int:
         from rlhf_mlflow.core import model as M
         from rlhf_mlflow.core import records as D
         from rlhf_mlflow.decisions.label_requests import draw_requests, draw_table_requests
+        check_range("--per-family", a.per_family, 1, 10_000, integer=True)
         families = [f.strip() for f in a.families.split(",")] if a.families else None
         if a.samples:
             from rlhf_mlflow.core.tables import read_samples
             return draw_table_requests(read_samples(a.samples), a.per_family, families, a.seed)
         M.load_policy(a.reference)  # checked, like certify's reference
-        return draw_requests(M.load_policy(a.policy)[0], D.read_jsonl(a.gold, labelled=True), a.per_family,
+        gold = D.read_jsonl(a.gold, labelled=True, scale=D.EXPERT)
+        return draw_requests(M.load_policy(a.policy)[0], gold, a.per_family,
                              families, a.seed)
     return _run(work, a, jsonl=True)
 
@@ -122,6 +125,8 @@ def diagnostic_main(argv: list[str] | None = None) -> int:
 
     def work() -> dict:
         from rlhf_mlflow.decisions.diagnostic import run_diagnostic
+        check_range("--n-prompts", a.n_prompts, 2, 10_000, integer=True)
+        check_seed("--seed", a.seed)
         return run_diagnostic(a.rm_dir, a.policy_dir, a.prompts, a.n_prompts, a.seed, gold_path=a.gold)
     return _run(work, a)
 
@@ -134,7 +139,8 @@ def repair_main(argv: list[str] | None = None) -> int:
     ap.add_argument("--qa", required=True, help="the crowd's QA sample (labelled JSONL, e.g. reward_model/train.jsonl)")
     ap.add_argument("--gold", default=None, help="the expert set (labelled reference samples, data/gold_calib.jsonl)")
     ap.add_argument("--labels", required=True, nargs="+",
-                    help="every expert labels file bought on policies' own responses (labels in [0, 1])")
+                    help="every expert labels file bought on policies' own responses (labels on the expert scale: "
+                         "finite, in [-1, 2])")
     ap.add_argument("--diagnostic", default=None, help="diagnostic evidence JSON: its flagged shortcuts' premiums "
                                                         "are taken out of the crowd's labels")
     ap.add_argument("--policy-dir", default=None, help="the reference policy: with --prompts, its responses "
@@ -162,9 +168,10 @@ def repair_main(argv: list[str] | None = None) -> int:
         from rlhf_mlflow.training.rm_ensemble import ensemble_for_repair
         cfg = RR.RepairConfig(epochs=a.epochs, lr=a.lr, crowd_weight=a.crowd_weight, ensemble=a.ensemble,
                               label_head=a.label_head == "on", seed=a.seed)
-        qa = D.read_jsonl(a.qa, labelled=True)
+        qa = D.read_jsonl(a.qa, labelled=True, scale=D.CROWD)
         rules = fit_corrections(read_json(a.diagnostic), qa, a.diagnostic) if a.diagnostic else []
-        experts = (D.read_jsonl(a.gold, labelled=True) if a.gold else []) + read_label_files(a.labels)
+        gold = D.read_jsonl(a.gold, labelled=True, scale=D.EXPERT) if a.gold else []
+        experts = gold + read_label_files(a.labels)
         _, rm_config = R.load_rm(a.rm_dir)
         anchors = RR.anchor_rows(a.rm_dir, a.policy_dir, D.read_jsonl(a.prompts), cfg.anchors, rules, cfg.seed) \
             if a.policy_dir and a.prompts else []

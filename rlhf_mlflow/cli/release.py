@@ -8,6 +8,8 @@ import time
 import click
 
 from rlhf_mlflow.cli.options import (
+    SEED,
+    Finite,
     echo_err,
     echo_json,
     given,
@@ -17,6 +19,7 @@ from rlhf_mlflow.cli.options import (
     world_option,
 )
 from rlhf_mlflow.core.errors import InputError
+from rlhf_mlflow.training.recipes import MAX_STEPS_SCALE, check_steps_scale
 
 
 @click.command("certify")
@@ -30,15 +33,17 @@ from rlhf_mlflow.core.errors import InputError
 @click.option("--diagnostic", default=None, help="Diagnostic evidence JSON: flagged shortcuts' counts are reported.")
 @click.option("--pilot-prompts", default=None,
               help="Prompt file whose family mix defines `pilot` (default: <world>/data/prompts_dev.jsonl).")
-@click.option("--min-ess", type=float, default=10.0, show_default=True, help="Refuse families with fewer effective expert samples.")
-@click.option("--max-khat", type=float, default=0.7, show_default=True, help="Refuse families whose weight tail k-hat is above this.")
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the policy samples and bootstrap.")
+@click.option("--min-ess", type=Finite(1, 1e9), default=10.0, show_default=True,
+              help="Refuse families with fewer effective expert samples.")
+@click.option("--max-khat", type=Finite(0, 1e3), default=0.7, show_default=True,
+              help="Refuse families whose weight tail k-hat is above this.")
+@click.option("--seed", type=SEED, default=0, show_default=True, help="Seed of the policy samples and bootstrap.")
 @click.option("--policy-labels", default=None,
               help="Expert labels on the version's own responses (label-requests -> expert-label): families with "
                    "enough of them are certified from them.")
-@click.option("--min-labels", type=int, default=20, show_default=True,
+@click.option("--min-labels", type=click.IntRange(2, 1_000_000), default=20, show_default=True,
               help="Policy labels a family needs to be certified from them.")
-@click.option("--label-looks", type=int, default=1, show_default=True,
+@click.option("--label-looks", type=click.IntRange(1, 1000), default=1, show_default=True,
               help="Rounds of labels looked at so far: every interval is union-bounded over them.")
 @click.option("--out", default=None, help="Also write the certification JSON here.")
 def certify_cmd(model_version, policy, world, reference, gold, rm_dir, correction, diagnostic, pilot_prompts,
@@ -49,6 +54,9 @@ def certify_cmd(model_version, policy, world, reference, gold, rm_dir, correctio
     from rlhf_mlflow.steps.outputs import check_out
     if out:  # before the default world is built; the step checks again with its inputs
         check_out(out)
+    if policy_labels:  # before the default world is built or a run starts; the step checks them against the requests
+        from rlhf_mlflow.decisions.label_requests import read_labels
+        read_labels(policy_labels)
     paths = None if (reference and gold) else resolve_world(world)
     res = run_certify(version=model_version, policy=policy, world=paths, reference=reference, gold=gold,
                       rm_dir=rm_dir, correction=correction, diagnostic=diagnostic, pilot_prompts=pilot_prompts,
@@ -66,7 +74,7 @@ def certify_cmd(model_version, policy, world, reference, gold, rm_dir, correctio
               help="Comma-separated key=value overrides of guardrail thresholds, e.g. 'max_family_kl=4,min_ess=20'.")
 @click.option("--guardrail", "guardrail", multiple=True,
               help="One key=value guardrail threshold, repeatable (the spelling `sweep` takes).")
-@click.option("--lock-wait", type=click.FloatRange(0), default=600.0, show_default=True,
+@click.option("--lock-wait", type=Finite(0, 86_400), default=600.0, show_default=True,
               help="Seconds to wait for another release of the model to finish (releases decide one at a time).")
 @click.option("--trust-remote-evidence", type=click.BOOL, is_flag=False, flag_value=True, default=False,
               show_default=True,
@@ -85,7 +93,7 @@ def release_cmd(model_version, certification_run, guardrails, guardrail, lock_wa
 @click.command("grade")
 @click.option("--model-version", required=True, help="The rlhf-policy version to grade.")
 @click.option("--world", default=None, help="Synthetic world whose oracle grades it (default: the default world).")
-@click.option("--n", type=click.IntRange(1), default=4, show_default=True, help="Samples per prompt.")
+@click.option("--n", type=click.IntRange(1, 1024), default=4, show_default=True, help="Samples per prompt.")
 def grade_cmd(model_version, world, n):
     """The oracle's true quality per family (synthetic worlds only): truth/balanced, per family grade_families.json."""
     from rlhf_mlflow.steps.grade import run_grade
@@ -95,12 +103,12 @@ def grade_cmd(model_version, world, n):
 @click.command("main")
 @world_option
 @click.option("--steps-scale", type=float, default=1.0, show_default=True,
-              help="Multiply every recipe's steps (for a quick look).")
+              help=f"Multiply every recipe's steps (for a quick look; in (0, {MAX_STEPS_SCALE:g}]).")
 @click.option("--out", default="outputs/main", show_default=True,
               help="Directory for the diagnostic evidence, the correction, the expert labels bought, each round's "
                    "reward model and the ceiling checkpoint (new or empty); main_state.json, main's marker, says "
                    "what main finished there.")
-@click.option("--label-budget", type=click.IntRange(0), default=1200, show_default=True,
+@click.option("--label-budget", type=click.IntRange(0, 1_000_000), default=1200, show_default=True,
               help="Expert labels main may buy on candidates' own responses and for repairs (0: certify from the "
                    "expert set only).")
 @click.option("--rounds", type=click.IntRange(1, 20), default=2, show_default=True,
@@ -127,6 +135,7 @@ def main_cmd(ctx, world, steps_scale, out, label_budget, rounds, guardrails, gua
     from rlhf_mlflow.steps.main import run_main
     from rlhf_mlflow.steps.reports import rounds_markdown, story_markdown
     t0 = time.perf_counter()
+    check_steps_scale(steps_scale)  # NaN, inf and 0 refused before anything; a resumed main's stored value below
     try:  # before the default world is built; run_main checks again with it
         out, state = MR.check_out(out, None, resume, overwrite)
     except MR.MainStateError as e:
@@ -138,9 +147,8 @@ def main_cmd(ctx, world, steps_scale, out, label_budget, rounds, guardrails, gua
                 ctx, state.settings, (world, steps_scale, label_budget, rounds, overrides))
     except InputError as e:
         raise click.UsageError(str(e)) from None
+    check_steps_scale(steps_scale)  # a resumed main's stored value too
     paths = resolve_world(world)
-    if steps_scale <= 0:
-        raise InputError(f"--steps-scale must be > 0, got {steps_scale}")
     from rlhf_mlflow.decisions.guardrails import GuardrailConfig
     GuardrailConfig.from_dict(overrides)  # a bad threshold is refused before any run
     if resume:

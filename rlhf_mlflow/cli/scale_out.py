@@ -6,6 +6,7 @@ import os
 import click
 
 from rlhf_mlflow.cli.options import (
+    check_rl_options,
     echo_err,
     echo_json,
     resolve_world,
@@ -28,9 +29,10 @@ TABLE_COLUMNS = ["trial", "status", "rank", "certified/balanced", "certified_lo/
 @click.option("--grid", "grid", multiple=True,
               help="key=v1,v2,... (repeatable; or several joined by ';'): one trial per combination.")
 @click.option("--ray-address", default="", help="Ray cluster to run on (default: RAY_ADDRESS, else a local Ray).")
-@click.option("--max-concurrent", type=int, default=0, show_default=True,
+@click.option("--max-concurrent", type=click.IntRange(0, 1024), default=0, show_default=True,
               help="Trials at once (0: as many as the CPUs allow).")
-@click.option("--trial-threads", type=int, default=1, show_default=True, help="CPUs and torch threads per trial.")
+@click.option("--trial-threads", type=click.IntRange(1, 256), default=1, show_default=True,
+              help="CPUs and torch threads per trial.")
 @click.option("--name", "sweep_name", default="sweep", show_default=True, help="Parent run name.")
 @click.option("--diagnostic", "diagnostic_path", default=None,
               help="Diagnostic evidence JSON for the marker-collapse guardrail (default: run the diagnostic once).")
@@ -44,19 +46,24 @@ def sweep_cmd(ctx, world, config_path, overrides, grid, ray_address, max_concurr
     """A recipe grid as Ray Tune trials; each trial trains, evaluates, certifies and checks guardrails."""
     from rlhf_mlflow.core.config import parse_override
     from rlhf_mlflow.core.world_paths import WorldPaths
+    from rlhf_mlflow.decisions.guardrails import GuardrailConfig
     from rlhf_mlflow.steps.outputs import check_out
     from rlhf_mlflow.steps.ray_tune import SweepConfig, parse_grid
-    from rlhf_mlflow.steps.sweep import release_best, run_sweep_step
+    from rlhf_mlflow.steps.sweep import check_grid, release_best, run_sweep_step
     from rlhf_mlflow.training.batch_run import batch_runs
     from rlhf_mlflow.training.rl_config import fixture_root
+    check_rl_options(ctx, overrides, options)  # before the default world is built or a run starts
+    recipes = parse_grid(grid)
+    check_grid(recipes)
+    guardrails = dict(parse_override(g) for g in guardrail_overrides)
+    GuardrailConfig.from_dict(guardrails, "--guardrail")
     if out:
         check_out(out, {"--config": config_path, "--diagnostic": diagnostic_path})
     paths = WorldPaths.at(world or fixture_root(config_path)) if config_path else resolve_world(world)
     base = rl_config(ctx, paths, config_path, overrides, options)
-    guardrails = dict(parse_override(g) for g in guardrail_overrides)
     scfg = SweepConfig(ray_address=ray_address or None, max_concurrent=max_concurrent, trial_threads=trial_threads,
                        name=sweep_name, batch=batch_runs())
-    result = run_sweep_step(paths, base, parse_grid(grid), guardrails, scfg, diagnostic_path, echo=echo_err)
+    result = run_sweep_step(paths, base, recipes, guardrails, scfg, diagnostic_path, echo=echo_err)
     _echo_table(result.table)
     if out:
         atomic_write_text(out, result.table.to_csv(index=False))
@@ -89,11 +96,14 @@ def _echo_table(ranked) -> None:
 @click.option("--root", default="mlflow-server", show_default=True,
               help="Directory for the database, the artifacts and the logs (reused when it exists).")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Interface to bind (0.0.0.0: every interface).")
-@click.option("--port", type=int, default=5000, show_default=True, help="Tracking server port (0: any free port).")
+@click.option("--port", type=click.IntRange(0, 65535), default=5000, show_default=True,
+              help="Tracking server port (0: any free port).")
 @click.option("--backend", type=click.Choice(["postgresql", "sqlite"]), default="postgresql", show_default=True,
               help="Backend store: a PostgreSQL cluster under --root, or --root/mlflow.db.")
-@click.option("--db-port", type=int, default=0, show_default=True, help="PostgreSQL port on 127.0.0.1 (0: any free).")
-@click.option("--workers", type=int, default=1, show_default=True, help="Tracking server worker processes.")
+@click.option("--db-port", type=click.IntRange(0, 65535), default=0, show_default=True,
+              help="PostgreSQL port on 127.0.0.1 (0: any free).")
+@click.option("--workers", type=click.IntRange(1, 64), default=1, show_default=True,
+              help="Tracking server worker processes.")
 def server_cmd(root, host, port, backend, db_port, workers):
     """A shared MLflow tracking server on PostgreSQL, until Ctrl-C."""
     from rlhf_mlflow.tracking.server import ServerConfig, TrackingServer

@@ -5,7 +5,12 @@ import os
 
 import click
 
+from rlhf_mlflow.training.recipes import MAX_STEPS_SCALE, check_steps_scale
+
 from rlhf_mlflow.cli.options import (
+    SEED,
+    Finite,
+    check_rl_options,
     echo_err,
     echo_json,
     given,
@@ -45,6 +50,7 @@ def train_rl_cmd(ctx, world, config_path, overrides, out, overwrite, run_name, r
             check_out_dir(out, STEP, run_id=resume_run)
         echo_json(resume_train_rl(resume_run, out=out, register=register, echo=echo_err))
         return
+    check_rl_options(ctx, overrides, options)  # before the default world is built or a run starts
     if out:  # before the default world is built; run_train_rl checks again with the resolved inputs
         check_out_dir(out, STEP, overwrite=overwrite)
     paths = world_for_config(world, config_path)
@@ -58,11 +64,11 @@ def train_rl_cmd(ctx, world, config_path, overrides, out, overwrite, run_name, r
 @click.option("--out", required=True, help="Output directory for rm.safetensors + config.json (new or empty; "
               "marked .rlhf_run.json as this run's).")
 @overwrite_option("another train_rm run's directory")
-@click.option("--epochs", type=int, default=40, show_default=True)
-@click.option("--lr", type=float, default=2e-3, show_default=True)
-@click.option("--batch-size", type=int, default=128, show_default=True)
+@click.option("--epochs", type=click.IntRange(1, 10_000), default=40, show_default=True)
+@click.option("--lr", type=Finite(0, 1, min_open=True), default=2e-3, show_default=True)
+@click.option("--batch-size", type=click.IntRange(1, 1_000_000), default=128, show_default=True)
 @click.option("--lr-schedule", type=click.Choice(["constant", "cosine"]), default="constant", show_default=True)
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--seed", type=SEED, default=0, show_default=True)
 @click.option("--gold", default=None, help="Expert gold JSONL: also report per-family agreement with it.")
 def train_rm_cmd(data, out, overwrite, epochs, lr, batch_size, lr_schedule, seed, gold):
     """Train a reward model on labelled records (MSE), as an MLflow run."""
@@ -77,9 +83,9 @@ def train_rm_cmd(data, out, overwrite, epochs, lr, batch_size, lr_schedule, seed
 @click.option("--policy", required=True, help="Policy checkpoint directory.")
 @click.option("--reward-model", required=True, help="Reward-model directory.")
 @click.option("--prompts", required=True, help="Prompts JSONL.")
-@click.option("--n", type=click.IntRange(1), default=32, show_default=True, help="Samples per prompt.")
+@click.option("--n", type=click.IntRange(1, 4096), default=32, show_default=True, help="Samples per prompt.")
 @click.option("--limit", type=click.IntRange(1), default=None, help="Use only the first LIMIT prompts.")
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--seed", type=SEED, default=0, show_default=True)
 @click.option("--out", default=None, help="Write the chosen samples here (JSONL).")
 @click.option("--watch-gold", default=None,
               help="An expert set (labelled reference samples, JSONL, e.g. a world's data/gold_calib.jsonl): "
@@ -98,12 +104,13 @@ def bon_cmd(policy, reward_model, prompts, n, limit, seed, out, watch_gold, watc
 @click.command("replay-history")
 @world_option
 @click.option("--steps-scale", type=float, default=1.0, show_default=True,
-              help="Multiply each recipe's steps (for a quick look).")
+              help=f"Multiply each recipe's steps (for a quick look; in (0, {MAX_STEPS_SCALE:g}]).")
 @click.option("--only", multiple=True, help="Replay only these runs (repeatable).")
 def replay_history_cmd(world, steps_scale, only):
     """Train the seed's five historical runs and log them with the seed's notes as descriptions."""
     from rlhf_mlflow.steps.replay_history import check_names, run_replay_history
     check_names(only)  # before the default world is built
+    check_steps_scale(steps_scale)
     echo_json(run_replay_history(resolve_world(world), steps_scale, only, echo=echo_err))
 
 

@@ -3,11 +3,11 @@ from __future__ import annotations
 
 import click
 
-from rlhf_mlflow.cli.options import echo_json, overwrite_option
+from rlhf_mlflow.cli.options import SEED, echo_json, overwrite_option
 
 
 @click.command("build-world")
-@click.option("--seed", type=int, default=0, show_default=True, help="World seed.")
+@click.option("--seed", type=SEED, default=0, show_default=True, help="World seed.")
 @click.option("--spec", default="default", show_default=True,
               help="Corruption spec: 'default' (dune pa +1.45, ember he +0.47), 'clean', or a JSON file.")
 @click.option("--scale", type=click.Choice(["full", "bench", "test"]), default="full", show_default=True,

@@ -8,6 +8,10 @@ from typing import Any
 
 from rlhf_mlflow.core.errors import InputError
 
+MAX_SEED = 2 ** 32 - 1
+"""The largest seed any step takes (numpy's legacy limit): torch's and numpy's generators both accept it,
+with room for the small offsets steps add to derive their streams."""
+
 
 def check_range(name: str, value, lo=None, hi=None, integer: bool = False, lo_open: bool = False) -> None:
     """Raise InputError naming the field and its valid range unless lo <= value <= hi."""
@@ -22,6 +26,11 @@ def check_range(name: str, value, lo=None, hi=None, integer: bool = False, lo_op
         lo_s = "-inf" if lo is None else str(lo)
         rng = f"{'(' if lo_open else '['}{lo_s}, {'inf)' if hi is None else f'{hi}]'}"
         raise InputError(f"{name} must be {kind} in {rng}, got {value!r}")
+
+
+def check_seed(name: str, value) -> None:
+    """check_range for a seed: an integer in [0, MAX_SEED]."""
+    check_range(name, value, 0, MAX_SEED, integer=True)
 
 
 def field_names(cls) -> list[str]:

@@ -81,6 +81,15 @@ def raise_if_interrupted() -> None:
         raise KeyboardInterrupt(f"signal {_received[-1]}")
 
 
+killed_runs: list[tuple[str, str]] = []
+"""(run id, step) of each run this process marked KILLED, in the order they ended (a nested step's run
+before its parent's): what the interrupt message names."""
+
+
+def note_killed(run_id: str, step: str) -> None:
+    killed_runs.append((run_id, step))
+
+
 def process_tags() -> dict[str, str]:
     """This process, as tags: host, pid and the pid's start time (pids are reused)."""
     return {"rlhf.host": socket.gethostname(), "rlhf.pid": str(os.getpid()),

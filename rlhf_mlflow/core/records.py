@@ -1,8 +1,8 @@
 """Records (JSON Lines) and their tensors: prompts, labelled responses, family grouping and batching.
 
 Prompt record: {"id", "family", "attrs": [a1..a4]}; a labelled row adds "response": [8 tokens] and
-"label": float. Every reader validates, and bad input (bad bytes, bad JSON, a field of the wrong type)
-names the file and line.
+"label": float on the annotation scale (LABEL_RANGES). Every reader validates, and bad input (bad bytes,
+bad JSON, a field of the wrong type, a label far off the scale) names the file and line.
 """
 from __future__ import annotations
 
@@ -16,8 +16,24 @@ from rlhf_mlflow.core import vocab as V
 from rlhf_mlflow.core.errors import InputError, described, parse_json, read_text, require
 from rlhf_mlflow.core.files import atomic_open
 
+EXPERT, CROWD = "expert", "crowd"
+LABEL_RANGES = {EXPERT: (-1.0, 2.0), CROWD: (-20.0, 20.0)}
+"""The plausible range of a label, by who gave it: a label outside it is not on the annotation scale
+(a percentage, a rating out of 5 or 10, an overflow) and is refused naming file, line, id and the range.
 
-def check_record(rec, where: str, labelled: bool | None) -> dict:
+The scale is the fraction of a response's 8 positions an annotator judges correct (1.0: perfect), plus
+the annotator's noise, which the seed does not clip: its expert set's per-family ranges run from -0.145
+to 0.863 (anvil [-0.056, 0.672]), so expert labels a little below 0 or above 1 are ordinary. An expert
+label is truth in [0, 1] plus noise of a few hundredths (sd ~0.03-0.05): [-1, 2] is a whole unit of
+noise beyond either end, far outside anything an expert on this scale gives. Crowd labels add the
+vendor's shortcut bonuses on top: the seed's QA sample reaches 4.81 (dune, `pa` +1.39 per occurrence)
+and runs down to -0.27; the default spec's dune bonus (+1.45) on all 8 positions would pay up to
+1 + 8 x 1.45 = 12.6. [-20, 20]
+holds every label such a vendor gives (a world spec's bonuses are bounded so that its crowd labels stay
+inside: world/corruptions.py) and still refuses a percentage scale or a runaway number."""
+
+
+def check_record(rec, where: str, labelled: bool | None, scale: str = CROWD) -> dict:
     if not isinstance(rec, dict):
         raise InputError(f"{where}: expected a JSON object, got {described(rec)}")
     if "id" in rec:  # ids are strings (`gold-00012`, `req-dune-003`); the seed's integer ids pass too
@@ -44,19 +60,31 @@ def check_record(rec, where: str, labelled: bool | None) -> dict:
         if bad:
             raise InputError(f"{where}: unknown response token {bad[0]!r}; valid tokens are {V.CONTENT}")
     if labelled:
-        lab = rec.get("label")
-        if not isinstance(lab, (int, float)) or isinstance(lab, bool) or not math.isfinite(lab):
-            raise InputError(f"{where}: 'label' must be a finite number, got {described(lab)}")
+        check_label(rec.get("label"), f"{where} (id {rec.get('id')!r})", scale)
     return rec
 
 
-def read_jsonl(path: str, labelled: bool | None = None) -> list[dict]:
-    """Read and validate records; labelled=True requires response and label on every row."""
+def check_label(label, where: str, scale: str) -> float:
+    """The label, or InputError naming `where` unless it is a finite number inside LABEL_RANGES[scale]."""
+    lo, hi = LABEL_RANGES[scale]
+    if not isinstance(label, (int, float)) or isinstance(label, bool) or not math.isfinite(label):
+        raise InputError(f"{where}: 'label' must be a finite number, got {described(label)}")
+    if not lo <= label <= hi:
+        raise InputError(f"{where}: 'label' {label!r} is outside the plausible range of {scale} labels "
+                         f"[{lo:g}, {hi:g}] (the fraction of 8 positions correct, plus the annotator's noise"
+                         f"{'' if scale == EXPERT else ' and bonuses'}): not on the annotation scale")
+    return label
+
+
+def read_jsonl(path: str, labelled: bool | None = None, scale: str = CROWD) -> list[dict]:
+    """Read and validate records; labelled=True requires response and label on every row, each label
+    inside LABEL_RANGES[scale]: `expert` for an expert set or expert labels, `crowd` (the wider range,
+    the default) for a crowd batch, its QA sample or any other labelled file."""
     out = []
     for lineno, line in enumerate(read_text(path).split("\n"), 1):
         if line.strip():
             where = f"{path}:{lineno}"
-            out.append(check_record(parse_json(line, path, lineno), where, labelled))
+            out.append(check_record(parse_json(line, path, lineno), where, labelled, scale))
     if not out:
         raise InputError(f"{path}: no records")
     return out

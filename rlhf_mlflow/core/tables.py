@@ -13,7 +13,8 @@ a Parquet file's row, from 1) and the column. Other columns are kept.
   head) and with shortcut counts. Optional `prompt_id`: rows sharing it are samples of one draw of a
   prompt (default: rows with the same prompt are), e.g. the expert set's row id where a prompt was drawn
   twice.
-- labels: `id`, `label` for the rows an expert labelled (ids of the samples), on the annotation scale.
+- labels: `id`, `label` for the rows an expert labelled (ids of the samples), on the expert annotation
+  scale (core/records.py LABEL_RANGES: a fraction of correct positions plus the expert's noise).
 - expert set: labelled samples of the reference policy (the world's `data/gold_calib.jsonl`, or any
   table with `id`, `family`, `prompt` or `attrs`, `response`, `label`), optionally with `score` (then
   the reward model is calibrated on it) and `logp_policy`, `logp_reference` (then it is off-policy
@@ -192,9 +193,7 @@ def read_labels(path: str, samples: list[dict], samples_path: str) -> dict[str, 
     return out
 
 
-LABEL_RANGE = (-1.0, 2.0)
-
-
 def _label(r: dict) -> float:
-    lo, hi = LABEL_RANGE
+    """An expert label on the annotation scale (records.LABEL_RANGES: the seed's expert noise goes below 0)."""
+    lo, hi = D.LABEL_RANGES[D.EXPERT]
     return _number(r, "label", r["_at"], lo, hi)

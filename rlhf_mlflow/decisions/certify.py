@@ -36,7 +36,7 @@ from rlhf_mlflow.core import reward_model as R
 from rlhf_mlflow.core import shortcut_rules as SR
 from rlhf_mlflow.core import vocab as V
 from rlhf_mlflow.core.checkpoint import content_sha256
-from rlhf_mlflow.core.config import check_range
+from rlhf_mlflow.core.config import check_range, check_seed
 from rlhf_mlflow.core.errors import InputError
 from rlhf_mlflow.core.reward_wrapper import RewardWrapper, load_wrapper
 from rlhf_mlflow.decisions import labelled as L
@@ -110,20 +110,22 @@ class CertifyConfig:
     independent (docs/CERTIFICATION.md)."""
 
     def __post_init__(self):
-        check_range("min_ess", self.min_ess, 1)
-        check_range("max_khat", self.max_khat, 0)
-        check_range("samples_per_prompt", self.samples_per_prompt, 1, integer=True)
-        check_range("n_boot", self.n_boot, 100, integer=True)
+        # upper bounds: far beyond any useful value, short of what would exhaust memory or never end
+        check_range("min_ess", self.min_ess, 1, 1e9)
+        check_range("max_khat", self.max_khat, 0, 1e3)
+        check_range("samples_per_prompt", self.samples_per_prompt, 1, 1024, integer=True)
+        check_range("n_boot", self.n_boot, 100, 1_000_000, integer=True)
         check_range("level", self.level, 0, 1, lo_open=True)
-        check_range("temperature", self.temperature, 0, lo_open=True)
-        check_range("min_labels", self.min_labels, 2, integer=True)
-        check_range("label_looks", self.label_looks, 1, integer=True)
-        check_range("label_sequential", self.label_sequential, 0, integer=True)
-        check_range("label_folds", self.label_folds, 0, integer=True)
+        check_range("temperature", self.temperature, 0, 100, lo_open=True)
+        check_seed("seed", self.seed)
+        check_range("min_labels", self.min_labels, 2, 1_000_000, integer=True)
+        check_range("label_looks", self.label_looks, 1, 1000, integer=True)
+        check_range("label_sequential", self.label_sequential, 0, 1_000_000, integer=True)
+        check_range("label_folds", self.label_folds, 0, 100, integer=True)
         if self.label_folds == 1:
             raise InputError("label_folds must be 0 (the reward model alone) or >= 2 (cross-fitted), got 1")
-        check_range("ess_widening", self.ess_widening, 0)
-        check_range("label_widening", self.label_widening, 1)
+        check_range("ess_widening", self.ess_widening, 0, 1e6)
+        check_range("label_widening", self.label_widening, 1, 100)
         check_range("family_correlation", self.family_correlation, 0, 1)
 
 
@@ -246,7 +248,7 @@ def certify(policy_dir: str, reference_dir: str, gold_path: str, *, rm_dir: str 
     JSONL file of the policy's own responses labelled by the expert, see label_requests.py) certifies
     the families that have enough of them by PPI (labelled.py). The report records its inputs, their
     sha256 and the rules, so that release can recompute it."""
-    gold = D.read_jsonl(gold_path, labelled=True)
+    gold = D.read_jsonl(gold_path, labelled=True, scale=D.EXPERT)
     cfg = config_for(cfg, rm_dir)
     policy, _ = M.load_policy(policy_dir)
     reference, _ = M.load_policy(reference_dir)

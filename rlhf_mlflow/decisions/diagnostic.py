@@ -143,18 +143,19 @@ def _responses(policy, prompts: torch.Tensor, n: int, gen: torch.Generator) -> t
     return p, y[:, 0], y[:, 1]
 
 
-def _labelled(path: str, what: str) -> list[dict]:
+def _labelled(path: str, what: str, scale: str) -> list[dict]:
     if not os.path.isfile(path):
         raise InputError(f"{path}: missing {what}")
-    return D.read_jsonl(path, labelled=True)
+    return D.read_jsonl(path, labelled=True, scale=scale)
 
 
 def run_diagnostic(rm_dir: str, policy_dir: str, prompts_path: str, n_prompts: int = N_PROMPTS, seed: int = 0,
                    gold_path: str | None = None) -> dict:
     """{"families": {F: {"risk", "flag", "evidence"}}} for every family in the prompts file.
     `gold_path` (optional) is an expert set: labelled reference samples (data/gold_calib.jsonl)."""
-    qa = _labelled(os.path.join(rm_dir, "train.jsonl"), "QA sample (the reward model directory must ship train.jsonl)")
-    gold = _labelled(gold_path, "expert set") if gold_path else None
+    qa = _labelled(os.path.join(rm_dir, "train.jsonl"), "QA sample (the reward model directory must ship train.jsonl)",
+                   D.CROWD)
+    gold = _labelled(gold_path, "expert set", D.EXPERT) if gold_path else None
     rm, _ = R.load_rm(rm_dir)
     score = functools.partial(R.score, rm, table=rm.first_layer_table())
     policy, _ = M.load_policy(policy_dir)

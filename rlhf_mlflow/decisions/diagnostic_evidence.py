@@ -39,8 +39,8 @@ def with_labels(c: dict, qa: qa_scan.Slopes, gold: qa_scan.Slopes | None, k: int
 
 
 def correctness_scale(gold_rows: list[dict], scores: np.ndarray) -> float:
-    """How far the reward model's scores move per unit of expert label (in [0, 1]): the share of a
-    correctness payment that the model passes on."""
+    """How far the reward model's scores move per unit of expert label: the share of a correctness
+    payment that the model passes on (clipped to [0, 1])."""
     g = np.array([r["label"] for r in gold_rows], dtype=float)
     if len(g) < 3 or g.var() <= 0:
         return 0.0

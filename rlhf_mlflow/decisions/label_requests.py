@@ -11,7 +11,6 @@ family are the same whatever K, so labels bought in rounds extend each other.
 from __future__ import annotations
 
 import hashlib
-import math
 
 import torch
 
@@ -69,9 +68,11 @@ def draw_table_requests(samples: list[dict], per_family: int, families: list[str
 
 
 def check_labels(labels: list[dict], requests: list[dict] | None, where: str) -> list[dict]:
-    """The labelled records, or InputError naming the first problem: a duplicated id, a label outside
-    [0, 1] (or not finite), and with `requests`, an id not among them or a record that differs from
-    its request (another version's responses, an edited file)."""
+    """The labelled records, or InputError naming the first problem: a duplicated id, a label that is
+    not a finite number inside the expert labels' plausible range (records.LABEL_RANGES: the fraction of
+    8 positions correct plus the expert's unclipped noise, so a little below 0 or above 1 is ordinary),
+    and with `requests`, an id not among them or a record that differs from its request (another
+    version's responses, an edited file)."""
     seen = set()
     wanted = {r["id"]: r for r in requests} if requests is not None else None
     for i, rec in enumerate(labels, 1):
@@ -79,9 +80,7 @@ def check_labels(labels: list[dict], requests: list[dict] | None, where: str) ->
         if rec.get("id") in seen:
             raise InputError(f"{at}: duplicated id")
         seen.add(rec.get("id"))
-        lab = rec.get("label")
-        if not isinstance(lab, (int, float)) or isinstance(lab, bool) or not math.isfinite(lab) or not 0 <= lab <= 1:
-            raise InputError(f"{at}: 'label' must be a number in [0, 1], got {lab!r}")
+        D.check_label(rec.get("label"), at, D.EXPERT)
         if wanted is None:
             continue
         if rec.get("id") not in wanted:
@@ -95,7 +94,7 @@ def check_labels(labels: list[dict], requests: list[dict] | None, where: str) ->
 
 def read_labels(path: str) -> list[dict]:
     """A labels file (records with `label`), checked as check_labels does without the requests."""
-    return check_labels(D.read_jsonl(path, labelled=True), None, path)
+    return check_labels(D.read_jsonl(path, labelled=True, scale=D.EXPERT), None, path)
 
 
 def read_label_files(paths: list[str]) -> list[dict]:

@@ -35,7 +35,7 @@ def run_bon(policy: str, reward_model: str, prompts: str, n: int = 32, limit: in
         check_out(out, {"--policy": policy, "--reward-model": reward_model, "--prompts": prompts,
                         "--watch-gold": watch_gold, "--watch-correction": watch_correction})
     records = D.read_jsonl(prompts)
-    gold = D.read_jsonl(watch_gold, labelled=True) if watch_gold else None
+    gold = D.read_jsonl(watch_gold, labelled=True, scale=D.EXPERT) if watch_gold else None
     wrapper = load_wrapper(watch_correction) if watch_correction else None
     params = {"policy": policy, "reward_model": reward_model, "prompts": prompts, "n": n, "limit": limit,
               "seed": seed, "watch_gold": watch_gold, "watch_correction": watch_correction}

@@ -21,8 +21,9 @@ from rlhf_mlflow.world.build import SCALES, build_world, ensure_world, world_has
 
 DEFAULT_WORLDS = "worlds"
 """Where worlds built without --out are cached, by content hash (worlds/<hash>)."""
-DATASETS = (("prompts_train", "train", False), ("prompts_dev", "dev", False), ("expert_set", "gold", True),
-            ("qa", "qa", True))
+DATASETS = (("prompts_train", "train", None), ("prompts_dev", "dev", None), ("expert_set", "gold", D.EXPERT),
+            ("qa", "qa", D.CROWD))
+"""(world file, dataset context, whose labels it holds: None for prompts)."""
 
 
 def run_build_world(seed: int, rules: list[dict], scale: str, out: str | None = None,
@@ -41,8 +42,9 @@ def run_build_world(seed: int, rules: list[dict], scale: str, out: str | None = 
         T.log_params(WR.world_params(world))  # the store's record of what the world holds (world_record.py)
         T.log_json_artifact(manifest, "manifest.json")
         T.log_metrics({f"{MN.BUILD}{k}": v for k, v in manifest["timings"].items()})
-        for item, context, labelled in DATASETS:
-            T.log_records_input(D.read_jsonl(world.path(item), labelled=labelled), world.path(item), context)
+        for item, context, scale in DATASETS:
+            records = D.read_jsonl(world.path(item), labelled=scale is not None, scale=scale or D.EXPERT)
+            T.log_records_input(records, world.path(item), context)
     return world, manifest
 
 

@@ -120,7 +120,8 @@ def run_certify(version: str | None = None, policy: str | None = None, world: Wo
                 reference: str | None = None, gold: str | None = None, rm_dir: str | None = None,
                 correction: str | None = None, diagnostic: str | dict | None = None, pilot_prompts: str | None = None,
                 cfg: C.CertifyConfig = C.CertifyConfig(), echo: Callable[[str], None] = print,
-                tags: dict | None = None, out: str | None = None, policy_labels: str | None = None) -> dict:
+                tags: dict | None = None, out: str | None = None, policy_labels: str | None = None,
+                run_name: str | None = None) -> dict:
     """Certify a registered version (or a plain checkpoint directory) as an MLflow run; `out` receives
     the report JSON, written before the version is tagged (a failure leaves the version untagged).
     `policy_labels`: expert labels on the version's own responses, checked against the label requests
@@ -148,7 +149,8 @@ def run_certify(version: str | None = None, policy: str | None = None, world: Wo
     if world:
         params.update(WR.world_params(world))
     with T.tracked_run("certify", params, tags=tags,
-                       run_name=(f"certify-v{version}" if version else "certify") + ("-labels" if policy_labels else "")) as run:
+                       run_name=run_name or (f"certify-v{version}" if version else "certify")
+                       + ("-labels" if policy_labels else "")) as run:
         model_id = None
         if version:
             policy, model_id = REG.download_policy(version)
@@ -174,7 +176,7 @@ def _checked_labels(path: str | None, version: str | None) -> list[dict]:
     """Policy labels as given, checked (and, for a version, against the requests logged for it)."""
     if not path:
         return []
-    labels = D.read_jsonl(path, labelled=True)
+    labels = D.read_jsonl(path, labelled=True, scale=D.EXPERT)
     requests = REG.label_requests_for(REG.get_version(version)) if version else None
     check_labels(labels, requests, path)
     T.log_records_input(labels, path, "policy_labels")

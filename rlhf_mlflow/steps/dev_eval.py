@@ -41,7 +41,7 @@ def run_dev_eval(policy: str, policy_ref: str, reward_model: str, prompts: str, 
         check_out(out, {"--policy": policy, "--policy-ref": policy_ref, "--reward-model": reward_model,
                         "--prompts": prompts, "--gold": gold})
     prompt_records = D.read_jsonl(prompts)
-    gold_records = D.read_jsonl(gold, labelled=True) if gold else None
+    gold_records = D.read_jsonl(gold, labelled=True, scale=D.EXPERT) if gold else None
     params = {"policy": policy, "policy_ref": policy_ref, "reward_model": reward_model, "prompts": prompts,
               "gold": gold, "n": n, "seed": seed}
     with T.tracked_run("dev_eval", params, run_name=run_name):

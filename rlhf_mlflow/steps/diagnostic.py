@@ -2,6 +2,7 @@
 flag/<family>, the evidence JSON and a figure)."""
 from __future__ import annotations
 
+from rlhf_mlflow.core import records as D
 from rlhf_mlflow.core.files import atomic_write_json
 from rlhf_mlflow.decisions.diagnostic import run_diagnostic
 from rlhf_mlflow.steps.figures import diagnostic_bars
@@ -16,6 +17,8 @@ def run_diagnostic_step(rm_dir: str, policy_dir: str, prompts: str, n_prompts: i
     `out` receives the result JSON; `gold` (optional) is an expert set that credits correctness."""
     if out:
         check_out(out, {"--rm-dir": rm_dir, "--policy-dir": policy_dir, "--prompts": prompts, "--gold": gold})
+    if gold:  # before the run (run_diagnostic reads it again)
+        D.read_jsonl(gold, labelled=True, scale=D.EXPERT)
     params = {"rm_dir": rm_dir, "policy_dir": policy_dir, "prompts": prompts, "n_prompts": n_prompts, "seed": seed,
               "gold": gold or ""}
     with T.tracked_run("diagnostic", params, run_name="diagnostic"):

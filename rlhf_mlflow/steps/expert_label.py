@@ -15,14 +15,15 @@ from rlhf_mlflow.tracking import runs as T
 from rlhf_mlflow.world.annotator import label_requests
 
 
-def run_expert_label(world: WorldPaths, requests: str, out: str, echo: Callable[[str], None] = print) -> list[dict]:
-    """Label every request; write the labelled records to `out`; returns them."""
+def run_expert_label(world: WorldPaths, requests: str, out: str, echo: Callable[[str], None] = print,
+                     run_name: str = "expert-label") -> list[dict]:
+    """Label every request; write the labelled records to `out` (as the run `run_name`); returns them."""
     check_out(out, {"--requests": requests, "--world": world.root})
     records = D.read_jsonl(requests)
     missing = [i for i, r in enumerate(records, 1) if "response" not in r or "id" not in r]
     if missing:
         raise InputError(f"{requests}:{missing[0]}: a label request needs an 'id' and a 'response' to label")
-    with T.tracked_run("expert_label", {"world": world.root, "requests": requests}, run_name="expert-label"):
+    with T.tracked_run("expert_label", {"world": world.root, "requests": requests}, run_name=run_name):
         labels = label_requests(world, records)
         raw = "".join(json.dumps(r) + "\n" for r in labels).encode()
         atomic_write_bytes(out, raw)

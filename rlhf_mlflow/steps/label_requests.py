@@ -39,15 +39,16 @@ def resolve_families(spec: str, version) -> list[str]:
 
 def run_label_requests(version: str, world: WorldPaths, families: str = "auto", per_family: int = 10,
                        seed: int = 0, out: str = "label_requests.jsonl",
-                       echo: Callable[[str], None] = print) -> dict:
-    """Draw the requests, write them to `out`, log them; returns {run_id, requests, families}."""
+                       echo: Callable[[str], None] = print, run_name: str | None = None) -> dict:
+    """Draw the requests, write them to `out`, log them (as the run `run_name`, default
+    label-requests-v<version>); returns {run_id, requests, families}."""
     check_out(out, {"the expert set": world.expert_set, "--world": world.root})
     mv = REG.version_for_world(version, world)
     chosen = resolve_families(families, mv)
-    expert_set = D.read_jsonl(world.expert_set, labelled=True)
+    expert_set = D.read_jsonl(world.expert_set, labelled=True, scale=D.EXPERT)
     params = {"model_version": str(mv.version), "families": families, "per_family": per_family, "seed": seed,
               "expert_set": world.expert_set}
-    with T.tracked_run("label_requests", params, run_name=f"label-requests-v{mv.version}") as run:
+    with T.tracked_run("label_requests", params, run_name=run_name or f"label-requests-v{mv.version}") as run:
         policy_dir, _ = REG.download_policy(mv.version)
         requests = draw_requests(M.load_policy(policy_dir)[0], expert_set, per_family, chosen, seed,
                                  prefix=f"req-v{mv.version}")

@@ -17,6 +17,7 @@ from collections.abc import Callable
 import pandas as pd
 
 from rlhf_mlflow.core import shortcut_rules as SR
+from rlhf_mlflow.core.config import check_range
 from rlhf_mlflow.core.files import atomic_write_json
 from rlhf_mlflow.core.world_paths import WorldPaths
 from rlhf_mlflow.decisions import guardrails as G
@@ -43,13 +44,17 @@ from rlhf_mlflow.tracking import metric_names as MN
 from rlhf_mlflow.tracking import registry as REG
 from rlhf_mlflow.tracking import runs as T
 from rlhf_mlflow.training.batch_run import batch_runs
-from rlhf_mlflow.training.recipes import CORRECTED, SEED_HISTORY, scaled
+from rlhf_mlflow.training.recipes import CORRECTED, SEED_HISTORY, check_steps_scale, scaled
 from rlhf_mlflow.training.rl_config import load_rl_config
 from rlhf_mlflow.world.oracle import write_oracle_reward
 
 DEFAULT_LABEL_BUDGET = 1200
 """Expert labels `main` may buy: the first round's certification (on the default world two candidates,
 20-50 per refused family), one repair round's REPAIR_PER_FAMILY x 6 and the second round's certification."""
+MAX_LABEL_BUDGET = 1_000_000
+"""The largest --label-budget (the default world's story spends ~840)."""
+MAX_ROUNDS = 20
+"""The most --rounds main runs."""
 DEFAULT_ROUNDS = 2
 """Rounds `main` runs by default: the story on the world's reward model, then one repair with every
 label so far (docs/REPAIR.md: on the default world the repaired model's candidates reach 0.70-0.75 of
@@ -82,6 +87,9 @@ def run_main(world: WorldPaths, out_dir: str, steps_scale: float = 1.0, ceiling:
     the story on the world's reward model, each more repairs it with every label so far (main_rounds.py);
     `resume`: continue the main that stopped in `out_dir`, with its settings (main_resume.py); `overwrite`:
     start over in the directory a finished main left (the one output rule, steps/outputs.py)."""
+    check_steps_scale(steps_scale)  # before the --out directory, main_state.json or any run
+    check_range("--label-budget", label_budget, 0, MAX_LABEL_BUDGET, integer=True)
+    check_range("--rounds", rounds, 1, MAX_ROUNDS, integer=True)
     MR.check_out(out_dir, {"--world": world.root}, resume, overwrite)
     gates = G.GuardrailConfig.from_dict(guardrails or {})  # what every release (and label purchase) applies
     batch = batch_runs()  # a bad RLHF_BATCH_RUNS fails here, before the run

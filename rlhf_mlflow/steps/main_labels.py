@@ -79,14 +79,17 @@ def buy_labels(version: str, report: dict, world: WorldPaths, certify_kwargs: di
             break
         requests = os.path.join(out_dir, f"label_requests-v{version}.jsonl")
         labels = os.path.join(out_dir, f"labels-v{version}.jsonl")
-        run_label_requests(version, world, ",".join(families), k, out=requests, echo=lambda m: None)
-        run_expert_label(world, requests, labels, echo=lambda m: None)
+        look = f"v{version}-k{k}"  # run names stay unique over the looks (and main's rounds)
+        run_label_requests(version, world, ",".join(families), k, out=requests, echo=lambda m: None,
+                           run_name=f"label-requests-{look}")
+        run_expert_label(world, requests, labels, echo=lambda m: None, run_name=f"expert-label-{look}")
         held = labels_in(labels)  # an expert set with fewer than k prompts in a family gets fewer requests
         budget.spent += held - used
         used = held
         report = run_certify(version=version, world=world, policy_labels=labels,
                              echo=lambda line, n=held: echo(f"  {n} expert labels: {line}"),
-                             cfg=CertifyConfig(label_looks=len(ROUNDS)), **certify_kwargs)["report"]
+                             cfg=CertifyConfig(label_looks=len(ROUNDS)), run_name=f"certify-{look}-labels",
+                             **certify_kwargs)["report"]
         if decided(report):
             break
     if used:

@@ -171,7 +171,7 @@ def _check_stopped(state: MainState, echo: Callable[[str], None]) -> None:
 
 def labels_in(path: str) -> int:
     """Label rows in a labels file (0 when there is none)."""
-    return len({r["id"] for r in D.read_jsonl(path, labelled=True)}) if os.path.isfile(path) else 0
+    return len({r["id"] for r in D.read_jsonl(path, labelled=True, scale=D.EXPERT)}) if os.path.isfile(path) else 0
 
 
 def _children(parents: list[str], step: str) -> list:

@@ -70,7 +70,7 @@ def labels_so_far(out_dir: str) -> list[dict]:
     """Every expert label this main bought (certification's and repair's), each id once."""
     seen, out = set(), []
     for path in sorted(glob.glob(os.path.join(out_dir, "labels-*.jsonl"))):
-        for rec in D.read_jsonl(path, labelled=True):
+        for rec in D.read_jsonl(path, labelled=True, scale=D.EXPERT):
             if rec["id"] not in seen:
                 seen.add(rec["id"])
                 out.append(rec)
@@ -86,7 +86,8 @@ def _buy_repair_labels(ctx: RoundContext, r: int, version: str) -> int:
         ctx.echo(f"round {r}: {MR.labels_in(labels)} repair labels on version {version} bought before the resume")
         return MR.labels_in(labels)
     requests = os.path.join(ctx.out_dir, f"label_requests-r{r}-v{version}.jsonl")
-    run_label_requests(version, ctx.world, "all", REPAIR_PER_FAMILY, out=requests, echo=lambda m: None)
+    run_label_requests(version, ctx.world, "all", REPAIR_PER_FAMILY, out=requests, echo=lambda m: None,
+                       run_name=f"label-requests-r{r}-v{version}")
     held = {rec["id"] for rec in labels_so_far(ctx.out_dir)}
     new = [rec for rec in D.read_jsonl(requests) if rec["id"] not in held]
     if not ctx.budget.afford(len(new)):
@@ -94,7 +95,7 @@ def _buy_repair_labels(ctx: RoundContext, r: int, version: str) -> int:
         return 0
     fresh = os.path.join(ctx.out_dir, f"label_requests-r{r}-new.jsonl")
     D.write_jsonl(fresh, new)
-    run_expert_label(ctx.world, fresh, labels, echo=lambda m: None)
+    run_expert_label(ctx.world, fresh, labels, echo=lambda m: None, run_name=f"expert-label-r{r}-v{version}")
     ctx.budget.spent += len(new)
     return len(new)
 
@@ -157,7 +158,8 @@ def _correction(ctx: RoundContext, r: int, repaired: dict) -> str | None:
     key = f"correction/r{r}"
     if key not in ctx.state.done:
         wrapper = os.path.abspath(os.path.join(ctx.out_dir, f"correction-r{r}.py"))
-        rules = run_correction(repaired["diagnostic"], os.path.join(repaired["out"], "train.jsonl"), wrapper)
+        rules = run_correction(repaired["diagnostic"], os.path.join(repaired["out"], "train.jsonl"), wrapper,
+                               run_name=f"correction-r{r}")
         ctx.state.mark(key, wrapper if rules else None)
     return ctx.state.done[key]
 

@@ -49,8 +49,8 @@ class SweepConfig:
     """Recipes per Tune trial, trained together as one batch (RLHF_BATCH_RUNS)."""
 
     def __post_init__(self):
-        check_range("max_concurrent", self.max_concurrent, 0, None, integer=True)
-        check_range("trial_threads", self.trial_threads, 1, None, integer=True)
+        check_range("max_concurrent", self.max_concurrent, 0, 1024, integer=True)
+        check_range("trial_threads", self.trial_threads, 1, 256, integer=True)
         check_range("batch", self.batch, 1, None, integer=True)
 
 

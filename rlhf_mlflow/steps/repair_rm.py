@@ -86,8 +86,8 @@ def run_repair_rm(world: WorldPaths, labels: list[str], out: str, diagnostic: st
     if parent_version:
         RMR.get(parent_version, recorded[WR.DIGEST])
     parent_diag = read_json(diagnostic) if diagnostic else None
-    qa = D.read_jsonl(world.qa, labelled=True)
-    gold = D.read_jsonl(world.expert_set, labelled=True)
+    qa = D.read_jsonl(world.qa, labelled=True, scale=D.CROWD)
+    gold = D.read_jsonl(world.expert_set, labelled=True, scale=D.EXPERT)
     params = {**asdict(cfg), **recorded, "labels": ",".join(labels), "diagnostic": diagnostic,
               "parent_version": parent_version, "out": out}
     with T.tracked_run("repair_rm", params, run_name=run_name) as run, tempfile.TemporaryDirectory() as tmp:
@@ -148,7 +148,7 @@ def _ensemble(parent_dir: str, qa: list[dict], experts: list[dict], rules: list[
 
 
 def _ids(path: str) -> set[str]:
-    return {r["id"] for r in D.read_jsonl(path, labelled=True)}
+    return {r["id"] for r in D.read_jsonl(path, labelled=True, scale=D.EXPERT)}
 
 
 def _failed(gate: dict) -> dict[str, str]:

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from rlhf_mlflow.core.errors import InputError
 from rlhf_mlflow.core.world_paths import WorldPaths
 from rlhf_mlflow.steps.train_rl import run_train_rl
-from rlhf_mlflow.training.recipes import SEED_HISTORY, scaled
+from rlhf_mlflow.training.recipes import SEED_HISTORY, check_steps_scale, scaled
 from rlhf_mlflow.training.rl_config import load_rl_config
 
 
@@ -21,6 +21,7 @@ def run_replay_history(world: WorldPaths, steps_scale: float = 1.0, only: tuple[
                        echo: Callable[[str], None] = print) -> list[dict]:
     """Train the named historical runs (all by default); returns their summaries."""
     check_names(only)
+    check_steps_scale(steps_scale)
     out = []
     for name, (overrides, note) in SEED_HISTORY.items():
         if only and name not in only:

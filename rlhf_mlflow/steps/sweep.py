@@ -8,6 +8,7 @@ be handed to release.
 from __future__ import annotations
 
 import functools
+import math
 import os
 import tempfile
 from collections.abc import Callable
@@ -37,7 +38,10 @@ from rlhf_mlflow.tracking.workers import (
     experiment_of,
     is_local_store,
 )
-from rlhf_mlflow.training.rl_config import PATH_KEYS, RLConfig
+from rlhf_mlflow.training.rl_config import PATH_KEYS, RLConfig, check_fields
+
+MAX_TRIALS = 1000
+"""The most trials a grid may hold (the product of its keys' value counts)."""
 
 
 @dataclass(frozen=True)
@@ -50,8 +54,24 @@ class SweepResult:
     """The sweep's parent run."""
 
 
+def check_grid(grid: dict[str, list]) -> None:
+    """InputError unless the grid holds at most MAX_TRIALS trials and every numeric value is finite and
+    in its field's range (what RLConfig checks): before a world is resolved or a run starts."""
+    trials = math.prod(len(v) for v in grid.values())
+    if trials > MAX_TRIALS:
+        raise InputError(f"--grid: {trials:,} trials (the product of each key's number of values); at most "
+                         f"{MAX_TRIALS}")
+    for key, values in grid.items():
+        for value in values:
+            try:
+                check_fields({key: value})
+            except InputError as e:
+                raise InputError(f"--grid {key}: {e}") from None
+
+
 def checked_recipes(base: RLConfig, grid: dict[str, list]) -> list[dict]:
     """The grid's recipes with paths made absolute; every trial's config validated before anything runs."""
+    check_grid(grid)
     out = []
     for recipe in expand_grid(grid):
         r = {k: os.path.abspath(v) if k in PATH_KEYS and isinstance(v, str) else v for k, v in recipe.items()}

@@ -79,6 +79,8 @@ def run_train_rl(cfg: RLConfig, world: WorldPaths | None = None, out: str | None
     # every input is read and validated before anything is logged; these records and these wrapper
     # bytes are what the run logs and uses
     prompts = D.read_jsonl(cfg.prompt_file)
+    if cfg.watch_every:  # the watch reads its expert set again in the run
+        D.read_jsonl(cfg.watch_gold, labelled=True, scale=D.EXPERT)
     wrapper = load_wrapper(cfg.reward_wrapper)
     world = world or world_of_reference(cfg.policy_ref)
     params = {**asdict(cfg), **(WR.world_params(world) if world else {}), **input_hashes(cfg)}

@@ -39,7 +39,7 @@ class RunWatch:
         reference = M.load_policy(cfg.policy_ref)[0]
         rm = R.load_rm(cfg.reward_model)[0]
         wrapper = load_wrapper(cfg.watch_correction or cfg.reward_wrapper)
-        gold = D.read_jsonl(cfg.watch_gold, labelled=True)
+        gold = D.read_jsonl(cfg.watch_gold, labelled=True, scale=D.EXPERT)
         self.cfg, self.logger, self.name, self.best_dir = cfg, logger, name, os.path.join(ckpt_dir, BEST)
         self.watch = W.Watch(reference, rm, wrapper, gold, watch_cfg)
         self.best: tuple[int, str] | None = None

@@ -20,8 +20,8 @@ def run_train_rm(data: str, out: str, cfg: RMConfig, gold: str | None = None,
     """Train, save to `out` (whole, marked as this run's: the one output rule, outputs.py; `overwrite`
     replaces another train_rm run's), log; returns the per-family fit on the training records."""
     check_out_dir(out, "train_rm", {"--data": data, "--gold": gold}, overwrite=overwrite)
-    records = D.read_jsonl(data, labelled=True)
-    gold_recs = D.read_jsonl(gold, labelled=True) if gold else None
+    records = D.read_jsonl(data, labelled=True, scale=D.CROWD)  # crowd or expert: the wider range
+    gold_recs = D.read_jsonl(gold, labelled=True, scale=D.EXPERT) if gold else None
     with T.tracked_run("train_rm", {**asdict(cfg), "data": data, "gold": gold}) as run:
         T.log_records_input(records, data, "training")
         logger = MetricLogger()

@@ -14,6 +14,10 @@ ANY = (-1e6, 1e6)
 """A name no rule below covers: beyond a million, nothing the pipeline computes is a number to chart."""
 
 QUALITY = (-1, 2)
+"""An estimate of true quality from expert labels: the labels' own plausible range (core/records.py
+LABEL_RANGES["expert"]: the fraction of 8 positions correct plus the expert's unclipped noise)."""
+GAIN = (-3, 3)
+"""The difference of two such estimates."""
 
 BOUNDS: tuple[tuple[str, tuple[float, float]], ...] = (
     # a Gao fit's peak, as a KL (decisions/gao.py reports one past its range in words instead)
@@ -28,11 +32,12 @@ BOUNDS: tuple[tuple[str, tuple[float, float]], ...] = (
     ("*/se/*", (0, 1)), ("*pearson*", (-1, 1)), ("*/top_token_share*", (0, 1)),
     # KL in nats (the k1 estimate of a batch can be a little negative; k3 cannot)
     ("*/kl_k3*", (0, 1e3)), ("*kl*", (-1e3, 1e3)),
-    # true quality: the oracle's in [0, 1]; an estimate of it (certify's, the watch's) and its interval's
-    # ends may pass 0 or 1 by the interval's width or a doubly robust term, not by a whole unit
+    # true quality: the oracle's in [0, 1]; an estimate of it from expert labels (certify's, the watch's)
+    # and its interval's ends may pass 0 or 1 by the labels' noise, the interval's width or a doubly
+    # robust term, not by a whole unit
     ("truth/*", (0, 1)), ("main/*truth*", (0, 1)), ("main/champion/ceiling_fraction", (0, 10)),
     ("certify/certified*", QUALITY), ("main/champion_certified*", QUALITY), ("sweep/best_certified*", QUALITY),
-    ("*/gain*", (-2, 2)),
+    ("*/gain*", GAIN),
     ("*/shortcut_rise/*", (-8, 8)), ("watch/*", QUALITY), ("bon/watch/*", QUALITY),
     # per-token entropy (nats, a vocabulary of a few dozen tokens)
     ("*/entropy*", (0, 100)),

@@ -14,7 +14,7 @@ from contextlib import contextmanager
 import mlflow
 
 from rlhf_mlflow.core.errors import InputError
-from rlhf_mlflow.core.process import process_tags, raise_if_interrupted
+from rlhf_mlflow.core.process import note_killed, process_tags, raise_if_interrupted
 from rlhf_mlflow.tracking.default_experiment import EXPERIMENT, experiment_id
 from rlhf_mlflow.tracking.metric_bounds import checked
 from rlhf_mlflow.tracking.metric_logger import flush_async
@@ -85,6 +85,7 @@ def tracked_run(step: str, params: dict | None = None, tags: dict | None = None,
         raise_if_interrupted()  # a SIGTERM whose KeyboardInterrupt was swallowed still kills the run
     except KeyboardInterrupt:
         _end("KILLED")
+        note_killed(run.info.run_id, step)
         raise
     except BaseException:
         _end("FAILED")

@@ -1,6 +1,7 @@
 """Named RL recipes: the seed's historical runs (replayed on a fresh world) and the corrected ones."""
 from __future__ import annotations
 
+from rlhf_mlflow.core.config import check_range
 from rlhf_mlflow.core.vocab import PILOT_MIX
 
 # name -> (config overrides on top of configs/default.json, the seed's run note)
@@ -25,8 +26,20 @@ CORRECTED = {
 }
 
 
+MAX_STEPS_SCALE = 50
+"""The largest --steps-scale: the longest recipe (1,500 steps) x 50 = 75,000 steps stays within
+RLConfig's bound (rl_config.MAX_STEPS)."""
+
+
+def check_steps_scale(steps_scale, name: str = "--steps-scale") -> float:
+    """InputError naming the option unless steps_scale is a finite number in (0, MAX_STEPS_SCALE]."""
+    check_range(name, steps_scale, 0, MAX_STEPS_SCALE, lo_open=True)
+    return steps_scale
+
+
 def scaled(overrides: dict, steps_scale: float) -> dict:
     """A recipe with its steps multiplied (at least 1), for a quick look."""
+    check_steps_scale(steps_scale, "steps_scale")
     return dict(overrides, steps=max(1, int(overrides["steps"] * steps_scale)))
 
 

@@ -27,7 +27,7 @@ from rlhf_mlflow.core import records as D
 from rlhf_mlflow.core import reward_model as R
 from rlhf_mlflow.core import shortcut_rules as SR
 from rlhf_mlflow.core import vocab as V
-from rlhf_mlflow.core.config import check_range
+from rlhf_mlflow.core.config import check_range, check_seed
 from rlhf_mlflow.core.label_head_fit import ALPHA, fit_head
 from rlhf_mlflow.training.rm_agreement import paired_difference, per_family_agreement
 
@@ -63,7 +63,7 @@ class RepairConfig:
         check_range("crowd_weight", self.crowd_weight, 0, 100)
         check_range("folds", self.folds, 2, 20, integer=True)
         check_range("anchors", self.anchors, 0, 1_000_000, integer=True)
-        check_range("seed", self.seed, 0, None, integer=True)
+        check_seed("seed", self.seed)
         check_range("ensemble", self.ensemble, 0, 32, integer=True)
         check_range("head_alpha", self.head_alpha, 0, 1, lo_open=True)
         if self.ensemble == 1:

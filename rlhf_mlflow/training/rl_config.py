@@ -11,12 +11,41 @@ import os
 from dataclasses import dataclass, replace
 
 from rlhf_mlflow.core import records as D
-from rlhf_mlflow.core.config import check_range, from_dict, parse_override
+from rlhf_mlflow.core.config import MAX_SEED, check_range, from_dict, parse_override
 from rlhf_mlflow.core.errors import InputError, read_json
 
 PATH_KEYS = ("policy_init", "policy_ref", "reward_model", "prompt_file", "reward_wrapper", "watch_gold",
              "watch_correction", "reward_ensemble")
 EARLY_STOP = ("off", "warn", "stop")
+MAX_STEPS = 100_000
+"""The seed's longest run took 1,500 steps (~2 minutes on 2 cores per 800): 100,000 is days of CPU,
+and every step count (steps, log_every, save_every, the watch's) is bounded by it."""
+MAX_RESPONSES = 65_536
+"""Responses sampled per step (batch_prompts x samples_per_prompt; the seed's 16 x 8 = 128): a step's
+activations grow with it, and 65,536 is a few GB."""
+RANGES: dict[str, tuple] = {
+    "kl_coef": (0, 100, False, False), "steps": (1, MAX_STEPS, True, False),
+    "batch_prompts": (1, 4096, True, False), "lr": (0, 1, False, True), "temperature": (0, 100, False, True),
+    "seed": (0, MAX_SEED, True, False), "log_every": (1, MAX_STEPS, True, False),
+    "save_every": (0, MAX_STEPS, True, False), "max_grad_norm": (0, 1e6, False, True),
+    "ensemble_penalty": (0, 100, False, False), "watch_every": (0, MAX_STEPS, True, False),
+    "watch_early_every": (0, MAX_STEPS, True, False),
+}
+"""field: (lowest, highest, integer, lowest excluded); samples_per_prompt has its own sentence."""
+
+
+def check_fields(values: dict) -> None:
+    """InputError naming the first numeric field among `values` (RLConfig keys; others are ignored)
+    that is not finite and inside its range: what RLConfig checks, before a command resolves its world."""
+    for name, value in values.items():
+        if name in RANGES:
+            lo, hi, integer, lo_open = RANGES[name]
+            check_range(name, value, lo, hi, integer=integer, lo_open=lo_open)
+    if "samples_per_prompt" in values:
+        n = values["samples_per_prompt"]
+        if not isinstance(n, int) or isinstance(n, bool) or not 2 <= n <= 256:
+            raise InputError("samples_per_prompt must be an integer >= 2 (the group-mean baseline compares samples "
+                             f"of the same prompt) and at most 256, got {n!r}")
 
 
 @dataclass(frozen=True)
@@ -73,25 +102,14 @@ class RLConfig:
     """When the watch finds a family past its peak: off (nothing), warn (tag the run), stop (end there)."""
 
     def __post_init__(self):
-        check_range("kl_coef", self.kl_coef, 0, None)
-        check_range("steps", self.steps, 1, None, integer=True)
-        check_range("batch_prompts", self.batch_prompts, 1, None, integer=True)
-        check_range("lr", self.lr, 0, 1, lo_open=True)
-        check_range("temperature", self.temperature, 0, None, lo_open=True)
-        check_range("seed", self.seed, 0, None, integer=True)
-        check_range("log_every", self.log_every, 1, None, integer=True)
-        check_range("save_every", self.save_every, 0, None, integer=True)
-        check_range("max_grad_norm", self.max_grad_norm, 0, None, lo_open=True)
-        check_range("ensemble_penalty", self.ensemble_penalty, 0, 100)
+        check_fields({k: getattr(self, k) for k in (*RANGES, "samples_per_prompt")})
+        if self.batch_prompts * self.samples_per_prompt > MAX_RESPONSES:
+            raise InputError(f"batch_prompts x samples_per_prompt must be at most {MAX_RESPONSES:,} responses a step, "
+                             f"got {self.batch_prompts} x {self.samples_per_prompt}")
         if self.ensemble_penalty and not self.reward_ensemble:
             raise InputError(f"ensemble_penalty={self.ensemble_penalty} needs reward_ensemble, the ensemble "
                              "whose members' spread it penalises (repair-rm --ensemble K writes one)")
-        if not isinstance(self.samples_per_prompt, int) or self.samples_per_prompt < 2:
-            raise InputError("samples_per_prompt must be an integer >= 2: the group-mean baseline compares "
-                             f"samples of the same prompt, got {self.samples_per_prompt!r}")
         D.check_family_weights(self.family_weights)
-        check_range("watch_every", self.watch_every, 0, None, integer=True)
-        check_range("watch_early_every", self.watch_early_every, 0, None, integer=True)
         if self.watch_every and not self.watch_gold:
             raise InputError(f"watch_every={self.watch_every} needs watch_gold, the expert set the watch "
                              "estimates from (a world's data/gold_calib.jsonl)")

@@ -10,7 +10,7 @@ import torch
 from rlhf_mlflow.core import records as D
 from rlhf_mlflow.core import reward_model as R
 from rlhf_mlflow.core import vocab as V
-from rlhf_mlflow.core.config import check_range
+from rlhf_mlflow.core.config import check_range, check_seed
 
 log = logging.getLogger(__name__)
 OnLog = Callable[[int, dict], None]
@@ -33,7 +33,7 @@ class RMConfig:
         check_range("epochs", self.epochs, 1, 10_000, integer=True)
         check_range("lr", self.lr, 0, 1, lo_open=True)
         check_range("batch_size", self.batch_size, 1, 1_000_000, integer=True)
-        check_range("seed", self.seed, 0, None, integer=True)
+        check_seed("seed", self.seed)
         if self.lr_schedule not in ("constant", "cosine"):
             from rlhf_mlflow.core.errors import InputError
             raise InputError(f"lr_schedule must be one of ['constant', 'cosine'], got {self.lr_schedule!r}")
