@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import click
 
-from rlhf_mlflow.cli.options import echo_err, echo_json, world_option
+from rlhf_mlflow.cli.options import SEED, echo_err, echo_json, world_option
 
 
 @click.command("certify-table")
@@ -22,11 +22,11 @@ from rlhf_mlflow.cli.options import echo_err, echo_json, world_option
 @click.option("--register", "register", default=None, metavar="NAME",
               help="Or register the policy as a new rlhf-policy version under this name (its recipe tag).")
 @click.option("--model-uri", default=None, help="With --register: where the policy lives (any MLflow model URI or path).")
-@click.option("--min-labels", type=click.IntRange(2), default=20, show_default=True,
+@click.option("--min-labels", type=click.IntRange(2, 1_000_000), default=20, show_default=True,
               help="Labels a family needs to be certified from them.")
-@click.option("--label-looks", type=click.IntRange(1), default=1, show_default=True,
+@click.option("--label-looks", type=click.IntRange(1, 1000), default=1, show_default=True,
               help="Rounds of labels looked at so far: every interval is union-bounded over them.")
-@click.option("--seed", type=click.IntRange(0), default=0, show_default=True, help="Seed of the bootstrap and folds.")
+@click.option("--seed", type=SEED, default=0, show_default=True, help="Seed of the bootstrap and folds.")
 @click.option("--out", default=None, help="Also write the certification JSON here.")
 def certify_table_cmd(samples, labels, expert_set, world, diagnostic, model_version, register, model_uri,
                       min_labels, label_looks, seed, out):
