@@ -45,3 +45,19 @@ def test_relative_links_resolve():
             if not os.path.exists(os.path.join(os.path.dirname(page), target)):
                 broken.append((os.path.basename(page), target))
     assert not broken, broken
+
+
+def test_every_guarantee_names_a_test_that_exists():
+    """README's Guarantees: each bullet names the test that holds it (`test_file.py::test_name`), and each
+    named test is a test function of that file."""
+    with open(os.path.join(ROOT, "README.md")) as f:
+        readme = f.read()
+    section = readme[readme.index("## Guarantees"):readme.index("### Threat model")]
+    bullets = [b for b in re.split(r"\n- ", section)[1:]]
+    assert bullets and all("::test_" in b for b in bullets), [b[:80] for b in bullets if "::test_" not in b]
+    missing = []
+    for module, test in re.findall(r"(test_\w+\.py)::(test_\w+)", section):
+        path = os.path.join(ROOT, "tests", module)
+        if not os.path.exists(path) or not re.search(rf"^def {test}\(", open(path).read(), re.M):
+            missing.append(f"{module}::{test}")
+    assert not missing, missing
