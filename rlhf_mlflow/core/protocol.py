@@ -70,7 +70,8 @@ def sample(policy: Policy, prompts: torch.Tensor, n: int = 1, temperature: float
         raise InputError(f"{_name(policy)}: sample returned ids outside the content tokens "
                          f"[{V.CONTENT_LO}, {V.CONTENT_HI})")
     if logprobs is not None and len(logprobs) > seen:
-        logprobs[seen:] = [_rows(policy, "sample's logprobs", torch.cat(logprobs[seen:]), len(out))]
+        given = torch.cat([torch.as_tensor(x).reshape(-1) for x in logprobs[seen:]])
+        logprobs[seen:] = [_rows(policy, "sample's logprobs", given, len(out))]
     return out.long()
 
 
