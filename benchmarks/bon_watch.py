@@ -35,6 +35,7 @@ from rlhf_mlflow.core.process import configure_threads  # noqa: E402
 from rlhf_mlflow.core.reward_wrapper import load_wrapper  # noqa: E402
 from rlhf_mlflow.core.world_paths import WorldPaths  # noqa: E402
 from rlhf_mlflow.decisions import bon_watch as BW  # noqa: E402
+from rlhf_mlflow.evidence.bon import bon_points  # noqa: E402
 from rlhf_mlflow.world.build import ensure_world  # noqa: E402
 from rlhf_mlflow.world.oracle import Oracle  # noqa: E402
 
@@ -92,7 +93,7 @@ def main() -> None:
     truth = true_curve(policy, rm, Oracle(world.root), grading_prompts(world), ns)
     curves = {}
     for name, wrapper in (("corrected", load_wrapper(correction)), ("uncorrected", None)):
-        points = BW.bon_points(policy, rm, wrapper, gold, ns)
+        points = bon_points(policy, rm, wrapper, gold, ns)
         curves[name] = (points, BW.bon_fits(points))
     points, fits = curves["corrected"]
     fams = list(fits)

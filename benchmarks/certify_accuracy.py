@@ -62,8 +62,9 @@ from rlhf_mlflow.core.reward_wrapper import load_wrapper  # noqa: E402
 from rlhf_mlflow.core.world_paths import WorldPaths  # noqa: E402
 from rlhf_mlflow.decisions import certify as C  # noqa: E402
 from rlhf_mlflow.decisions.correction import fit_corrections, write_wrapper  # noqa: E402
-from rlhf_mlflow.decisions.diagnostic import run_diagnostic  # noqa: E402
-from rlhf_mlflow.decisions.label_requests import draw_requests  # noqa: E402
+from rlhf_mlflow.evidence.certify_evidence import family_evidence, labelled_scores  # noqa: E402
+from rlhf_mlflow.evidence.diagnostic import run_diagnostic  # noqa: E402
+from rlhf_mlflow.evidence.label_requests import draw_requests  # noqa: E402
 from rlhf_mlflow.training.rl_config import load_rl_config  # noqa: E402
 from rlhf_mlflow.training.train_rl import train_rl  # noqa: E402
 from rlhf_mlflow.world.annotator import label_requests  # noqa: E402
@@ -198,7 +199,7 @@ def evaluate_world(world: str, a: argparse.Namespace) -> list[dict]:
             gold = expert_set(world, size, oracle, reference, gold_rep)
             xp = oracle.grade_policy(policy, [{k: r[k] for k in ("id", "family", "attrs")} for r in gold], n=8)
             gen = torch.Generator().manual_seed(cfg.seed)
-            evidence = {f: C.family_evidence(policy, reference, rm, wrapper, g, cfg, [], gen)
+            evidence = {f: family_evidence(policy, reference, rm, wrapper, g, cfg, [], gen)
                         for f, g in D.group_by_family(gold).items()}
             bare = certified(evidence, {}, rm, wrapper, replace(cfg, ess_widening=0.0, family_correlation=0.0))  # before #19
             off = certified(evidence, {}, rm, wrapper, cfg)
@@ -213,10 +214,12 @@ def evaluate_world(world: str, a: argparse.Namespace) -> list[dict]:
                                  "hi": r["hi"], "lo0": bare[f]["lo"], "hi0": bare[f]["hi"],
                                  "evidence": r.get("evidence", "expert set")})
                 if k:
-                    arrays = {f: C.label_arrays(off[f], evidence[f], labels[f], rm, wrapper, cfg) for f in labels}
+                    scored = labelled_scores(rm, wrapper, labels)
+                    arrays = {f: C.label_arrays(off[f], evidence[f], labels[f], scored[f], cfg) for f in labels}
                     rows += reference_rows(cell, arrays, truth, xp, cfg.level, a.ppi_py)
                     if a.arrays is not None:
-                        ours_arrays = {f: C.predictor_arrays(off[f], evidence[f], labels[f], rm, wrapper, cfg) for f in labels}
+                        ours_arrays = {f: C.predictor_arrays(off[f], evidence[f], labels[f], scored[f], cfg)
+                                       for f in labels}
                         a.arrays.append({**cell, "truth": truth, "truth_xp": xp, "off": off, "arrays": arrays,
                                          "ours_arrays": ours_arrays,
                                          "evidence": {f: {key: evidence[f][key] for key in KEPT} for f in evidence}})
@@ -226,7 +229,7 @@ def evaluate_world(world: str, a: argparse.Namespace) -> list[dict]:
 
 def certified(evidence: dict, labelled: dict, rm, wrapper, cfg: C.CertifyConfig) -> dict:
     """{family: row, "balanced": row} as certify reports them, from evidence already drawn."""
-    rows, draws, ref_draws = C.estimate_families(evidence, labelled, rm, wrapper, cfg)
+    rows, draws, ref_draws = C.estimate_families(evidence, labelled, labelled_scores(rm, wrapper, labelled), cfg)
     return {**rows, "balanced": C.aggregate(rows, draws, ref_draws, {f: 1.0 for f in V.FAMILIES}, cfg)}
 
 

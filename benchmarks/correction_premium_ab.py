@@ -25,8 +25,8 @@ from rlhf_mlflow.core import reward_model as R  # noqa: E402
 from rlhf_mlflow.core.process import configure_threads  # noqa: E402
 from rlhf_mlflow.core.reward_wrapper import load_wrapper  # noqa: E402
 from rlhf_mlflow.decisions.correction import fit_corrections, write_wrapper  # noqa: E402
-from rlhf_mlflow.decisions.diagnostic import run_diagnostic  # noqa: E402
-from rlhf_mlflow.decisions.watch import Watch  # noqa: E402
+from rlhf_mlflow.evidence.diagnostic import run_diagnostic  # noqa: E402
+from rlhf_mlflow.evidence.watch import PolicyWatch as Watch  # noqa: E402
 from rlhf_mlflow.training.recipes import CORRECTED  # noqa: E402
 from rlhf_mlflow.training.rl_config import load_rl_config  # noqa: E402
 from rlhf_mlflow.training.train_rl import train_rl  # noqa: E402

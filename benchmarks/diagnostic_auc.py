@@ -47,7 +47,7 @@ from rlhf_mlflow.core import vocab as V  # noqa: E402
 from rlhf_mlflow.core.process import configure_threads  # noqa: E402
 from rlhf_mlflow.decisions import rm_probes as P  # noqa: E402
 from rlhf_mlflow.decisions.correction import fit_corrections  # noqa: E402
-from rlhf_mlflow.decisions.diagnostic import run_diagnostic  # noqa: E402
+from rlhf_mlflow.evidence.diagnostic import run_diagnostic  # noqa: E402
 from rlhf_mlflow.world import corruptions as C  # noqa: E402
 from rlhf_mlflow.world.build import SCALES, build_world, world_hash  # noqa: E402
 from rlhf_mlflow.world.oracle import Oracle  # noqa: E402

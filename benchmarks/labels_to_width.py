@@ -26,7 +26,8 @@ from rlhf_mlflow.core import model as M  # noqa: E402
 from rlhf_mlflow.core import records as D  # noqa: E402
 from rlhf_mlflow.core.world_paths import WorldPaths  # noqa: E402
 from rlhf_mlflow.decisions import certify as C  # noqa: E402
-from rlhf_mlflow.decisions.label_requests import draw_requests  # noqa: E402
+from rlhf_mlflow.evidence.certify import certify  # noqa: E402
+from rlhf_mlflow.evidence.label_requests import draw_requests  # noqa: E402
 from rlhf_mlflow.world.annotator import label_requests  # noqa: E402
 
 
@@ -59,8 +60,8 @@ def main() -> None:
             for looks in ints(a.looks):
                 for folds in ints(a.folds):
                     cfg = replace(C.CertifyConfig(), label_looks=looks, label_folds=folds)
-                    r = C.certify(a.policy, world.policy, world.expert_set, rm_dir=rm_dir,
-                                  correction=a.correction, cfg=cfg, policy_labels=path)
+                    r = certify(a.policy, world.policy, world.expert_set, rm_dir=rm_dir,
+                                correction=a.correction, cfg=cfg, policy_labels=path)
                     b = r["balanced"]
                     fams = [(row["hi"] - row["lo"]) / 2 for row in r["families"].values() if row["certifiable"]]
                     shown = f"{b['estimate']:.3f} [{b['lo']:.3f}, {b['hi']:.3f}]" if b["certifiable"] else "refused"

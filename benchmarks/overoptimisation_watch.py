@@ -36,6 +36,7 @@ from rlhf_mlflow.core import reward_model as R  # noqa: E402
 from rlhf_mlflow.core.reward_wrapper import load_wrapper  # noqa: E402
 from rlhf_mlflow.core.world_paths import WorldPaths  # noqa: E402
 from rlhf_mlflow.decisions import watch as W  # noqa: E402
+from rlhf_mlflow.evidence.watch import PolicyWatch  # noqa: E402
 from rlhf_mlflow.training.recipes import CORRECTED, SEED_HISTORY, scaled  # noqa: E402
 from rlhf_mlflow.training.rl_config import RLConfig, load_rl_config  # noqa: E402
 from rlhf_mlflow.training.train_rl import train_rl  # noqa: E402
@@ -57,7 +58,7 @@ def correction_for(world: WorldPaths, work: str) -> str:
     path = os.path.join(work, f"{os.path.basename(world.root)}_correction.py")
     if not os.path.exists(path):
         from rlhf_mlflow.decisions.correction import fit_corrections, write_wrapper
-        from rlhf_mlflow.decisions.diagnostic import run_diagnostic
+        from rlhf_mlflow.evidence.diagnostic import run_diagnostic
         diag = run_diagnostic(world.reward_model, world.policy, world.prompts_train)
         write_wrapper(fit_corrections(diag, D.read_jsonl(world.qa, labelled=True)), path)
     return path
@@ -77,9 +78,9 @@ def run_one(world: WorldPaths, overrides: dict, correction: str | None, watch_ev
     watch point; the points as plain lists."""
     cfg = load_rl_config(world.config, {**overrides, "watch_every": watch_every, "watch_early_every": early_every,
                                         "watch_gold": world.expert_set, "watch_correction": correction})
-    watch = W.Watch(M.load_policy(cfg.policy_ref)[0], R.load_rm(cfg.reward_model)[0],
-                    load_wrapper(cfg.watch_correction or cfg.reward_wrapper),
-                    D.read_jsonl(cfg.watch_gold, labelled=True))
+    watch = PolicyWatch(M.load_policy(cfg.policy_ref)[0], R.load_rm(cfg.reward_model)[0],
+                        load_wrapper(cfg.watch_correction or cfg.reward_wrapper),
+                        D.read_jsonl(cfg.watch_gold, labelled=True))
     oracle, prompts = Oracle(world.root), grading_prompts(world)
     truth: list[dict] = []
 

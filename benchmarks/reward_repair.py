@@ -48,8 +48,8 @@ from rlhf_mlflow.core import reward_model as R  # noqa: E402
 from rlhf_mlflow.core.world_paths import WorldPaths  # noqa: E402
 from rlhf_mlflow.decisions import rm_gate  # noqa: E402
 from rlhf_mlflow.decisions.correction import fit_corrections, write_wrapper  # noqa: E402
-from rlhf_mlflow.decisions.diagnostic import run_diagnostic  # noqa: E402
-from rlhf_mlflow.decisions.label_requests import draw_requests  # noqa: E402
+from rlhf_mlflow.evidence.diagnostic import run_diagnostic  # noqa: E402
+from rlhf_mlflow.evidence.label_requests import draw_requests  # noqa: E402
 from rlhf_mlflow.training import repair_rm as RR  # noqa: E402
 from rlhf_mlflow.training.evaluate import first_per_family  # noqa: E402
 from rlhf_mlflow.training.recipes import CORRECTED  # noqa: E402

@@ -237,7 +237,7 @@ def compare_watch(cfg: RLConfig, repeats: int, every: int, correction: str | Non
     drifting machine moves less. `correction` (a correction file): the watch's predictor and the
     shortcuts it counts, as in `main`; the watch's dense start is RLConfig's default."""
     from rlhf_mlflow.core.reward_wrapper import load_wrapper
-    from rlhf_mlflow.decisions.watch import Watch
+    from rlhf_mlflow.evidence.watch import PolicyWatch as Watch
     world = os.path.dirname(os.path.dirname(cfg.prompt_file))
     gold = D.read_jsonl(os.path.join(world, "data", "gold_calib.jsonl"), labelled=True)
     watched = replace(cfg, watch_every=every, watch_gold=os.path.join(world, "data", "gold_calib.jsonl"))
@@ -279,13 +279,13 @@ def other_steps(world: str) -> dict[str, float | None]:
     dev, gold = D.read_jsonl(j("data", "prompts_dev.jsonl")), D.read_jsonl(j("data", "gold_calib.jsonl"))
     out: dict[str, float | None] = {"dev_eval": timed(lambda: dev_eval(policy, ref, rm, dev, gold))}
     try:
-        from rlhf_mlflow.decisions.diagnostic import run_diagnostic
+        from rlhf_mlflow.evidence.diagnostic import run_diagnostic
         out["diagnostic"] = timed(lambda: run_diagnostic(j("reward_model"), j("policy"),
                                                          j("data", "prompts_train.jsonl")))
     except ImportError:
         out["diagnostic"] = None
     try:
-        from rlhf_mlflow.decisions.certify import certify
+        from rlhf_mlflow.evidence.certify import certify
         out["certify"] = timed(lambda: certify(j("policy"), j("policy"), j("data", "gold_calib.jsonl"),
                                                rm_dir=j("reward_model")))
     except ImportError:

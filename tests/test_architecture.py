@@ -1,7 +1,8 @@
 """The layering docs/ARCHITECTURE.md draws, held against the code: the import graph of rlhf_mlflow
 (every import, also those inside functions, read with ast) has no cycle; each layer imports only
-layers before it; only tracking imports mlflow; nothing that decides reads a world's secret; modules
-and functions stay small."""
+layers before it; only tracking imports mlflow; nothing that decides reads a world's secret; decisions
+never import a model class (they take arrays, and at most objects of core/protocol.py); modules and
+functions stay small."""
 from __future__ import annotations
 
 import ast
@@ -13,11 +14,16 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGE = os.path.join(ROOT, "rlhf_mlflow")
-LAYERS = ["core", "training", "world", "decisions", "tracking", "steps", "cli"]
-# what each layer may import besides itself (decisions and tracking never import world or training)
+LAYERS = ["core", "training", "world", "decisions", "evidence", "tracking", "steps", "cli"]
+# what each layer may import besides itself (decisions and tracking never import world or training; evidence,
+# which runs the models decisions decide about, imports core and decisions)
 ALLOWED = {"core": set(), "training": {"core"}, "world": {"core", "training"}, "decisions": {"core"},
-           "tracking": {"core"}, "steps": {"core", "training", "world", "decisions", "tracking"},
-           "cli": {"core", "training", "world", "decisions", "tracking", "steps"}}
+           "evidence": {"core", "decisions"}, "tracking": {"core"},
+           "steps": {"core", "training", "world", "decisions", "evidence", "tracking"},
+           "cli": {"core", "training", "world", "decisions", "evidence", "tracking", "steps"}}
+MODEL_CLASSES = {"rlhf_mlflow.core." + m for m in
+                 ("model", "reward_model", "rollout", "stacked_policy", "reward_ensemble", "own_models")}
+"""Our models' classes and what runs them (own_models: them as implementations of core/protocol.py)."""
 SHIMS = {"certify", "certify_table", "diagnostic", "label_requests", "repair_rm"}  # `python -m rlhf_mlflow.certify` / `.diagnostic`: thin cli shims
 MAX_MODULE_LINES, MAX_FUNCTION_LINES = 300, 60
 
@@ -84,6 +90,25 @@ def test_layers_import_only_layers_before_them(layer):
     assert not bad, bad
 
 
+def _reach(module: str) -> set[str]:
+    """Every rlhf_mlflow module `module` imports, directly or through others."""
+    seen, todo = set(), [module]
+    while todo:
+        for i in GRAPH.get(todo.pop(), ()):
+            if i.startswith("rlhf_mlflow.") and i not in seen:
+                seen.add(i)
+                todo.append(i)
+    return seen
+
+
+def test_decisions_import_no_model_class():
+    """Decision code takes arrays (and at most protocol objects typed by core/protocol.py), never our model
+    classes: evidence/ runs the models; no module under decisions/ reaches one, directly or through core."""
+    bad = {m: sorted(_reach(m) & MODEL_CLASSES) for m in GRAPH if _layer(m) == "decisions"}
+    assert not {m: b for m, b in bad.items() if b}
+    assert "rlhf_mlflow.core.model" in _reach("rlhf_mlflow.evidence.certify_evidence")  # the check can see one
+
+
 def test_only_tracking_imports_mlflow_and_only_steps_and_cli_import_tracking():
     assert not [m for m, deps in GRAPH.items() if "mlflow" in deps and _layer(m) != "tracking"]
     assert not [m for m, deps in GRAPH.items() if any(_layer(i) == "tracking" for i in deps if i.startswith("rlhf"))
@@ -92,13 +117,13 @@ def test_only_tracking_imports_mlflow_and_only_steps_and_cli_import_tracking():
 
 def test_nothing_that_decides_reads_the_oracle_or_the_secret():
     for m, path in _modules().items():
-        if _layer(m) in ("core", "training", "decisions", "tracking"):
+        if _layer(m) in ("core", "training", "decisions", "evidence", "tracking"):
             assert "rlhf_mlflow.world.oracle" not in GRAPH[m], m
             assert '"secret"' not in open(path).read() and "'secret'" not in open(path).read(), m
 
 
-def test_core_training_and_decisions_load_without_mlflow():
-    mods = [m for m in GRAPH if _layer(m) in ("core", "training", "decisions")]
+def test_core_training_decisions_and_evidence_load_without_mlflow():
+    mods = [m for m in GRAPH if _layer(m) in ("core", "training", "decisions", "evidence")]
     code = ("import sys\n" + "".join(f"import {m}\n" for m in mods)
             + "bad = [m for m in sys.modules if m == 'mlflow' or m.startswith('mlflow.')]\nassert not bad, bad\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)

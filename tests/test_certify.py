@@ -11,7 +11,9 @@ from rlhf_mlflow.cli import portable
 from rlhf_mlflow.core import model as M
 from rlhf_mlflow.core import records as D
 from rlhf_mlflow.core.errors import InputError
-from rlhf_mlflow.decisions import certify
+from rlhf_mlflow.decisions.certify import CertifyConfig
+from rlhf_mlflow.evidence import certify
+from rlhf_mlflow.evidence.overlap import weight_support
 
 
 def sharpened(world: str, out: str, factor: float = 12.0) -> str:
@@ -81,7 +83,7 @@ def test_bad_input_is_a_clear_error(tiny_world, tmp_path):
     assert portable.certify_main(["--policy", str(tmp_path / "nope"), "--reference", ref, "--gold", gold,
                          "--out", str(tmp_path / "o.json")]) == 2
     with pytest.raises(InputError, match="n_boot"):
-        certify.CertifyConfig(n_boot=5)
+        CertifyConfig(n_boot=5)
 
 
 def test_weight_support_agrees_with_certify_without_reading_labels(tiny_world, tmp_path):
@@ -90,7 +92,7 @@ def test_weight_support_agrees_with_certify_without_reading_labels(tiny_world, t
     rows = D.read_jsonl(gold, labelled=True)
     unlabelled = [{**r, "label": None} for r in rows]  # labels are not looked at
     report = certify.certify(far, ref, gold)
-    support = certify.weight_support(M.load_policy(far)[0], M.load_policy(ref)[0], unlabelled)
+    support = weight_support(M.load_policy(far)[0], M.load_policy(ref)[0], unlabelled)
     assert set(support) == set(report["families"])
     for f, s in support.items():
         row = report["families"][f]
@@ -109,7 +111,7 @@ def test_population_ess_refuses_what_the_expert_rows_cannot_see(tiny_world, tmp_
     f, row = max(rows.items(), key=lambda kv: kv[1]["ess"] - kv[1]["pop_ess"])
     assert row["pop_ess"] < row["ess"], rows
     bar = (row["pop_ess"] + row["ess"]) / 2
-    cfg = certify.CertifyConfig(min_ess=bar, max_khat=10.0)
+    cfg = CertifyConfig(min_ess=bar, max_khat=10.0)
     again = certify.certify(mild, ref, gold, cfg=cfg)["families"][f]
     assert not again["certifiable"] and again["estimate"] is None
     assert again["reason"].startswith("population ESS"), again["reason"]

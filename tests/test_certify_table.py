@@ -21,9 +21,11 @@ from rlhf_mlflow.core import records as D
 from rlhf_mlflow.core import reward_model as R
 from rlhf_mlflow.core import vocab as V
 from rlhf_mlflow.core.world_paths import WorldPaths
-from rlhf_mlflow.decisions.certify import CertifyConfig, certify, family_evidence, scores
-from rlhf_mlflow.decisions.label_requests import draw_requests
+from rlhf_mlflow.decisions.certify import CertifyConfig
 from rlhf_mlflow.decisions.table_certify import table_report
+from rlhf_mlflow.evidence.certify import certify
+from rlhf_mlflow.evidence.certify_evidence import family_evidence, scores
+from rlhf_mlflow.evidence.label_requests import draw_requests
 from rlhf_mlflow.world.annotator import label_requests
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

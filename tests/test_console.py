@@ -47,9 +47,9 @@ def _point(step, values: dict[str, float], noise: float = 0.01):
 
 def test_the_watchs_past_peak_warning_names_the_run(tiny_world, monkeypatch, caplog):
     """`main` trains candidates two at a time: each warning says whose it is."""
-    from rlhf_mlflow.decisions import watch as W
+    from rlhf_mlflow.evidence.watch import PolicyWatch
     dune = {0: 0.30, 10: 0.34, 20: 0.36, 30: 0.25, 40: 0.2}
-    monkeypatch.setattr(W.Watch, "estimate", lambda self, step, policy: _point(
+    monkeypatch.setattr(PolicyWatch, "estimate", lambda self, step, policy: _point(
         step, {f: (dune[step] if f == "dune" else 0.3) for f in self.families}))
     res = CliRunner().invoke(cli, ["train-rl", "--world", tiny_world, "--steps", "40", "--batch-prompts", "4",
                                    "--log-every", "20", "--watch-every", "10", "--watch-gold",

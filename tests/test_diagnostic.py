@@ -8,7 +8,7 @@ import shutil
 import pytest
 
 from rlhf_mlflow.cli import portable
-from rlhf_mlflow.decisions import diagnostic
+from rlhf_mlflow.evidence import diagnostic
 from rlhf_mlflow.training.train_rm import RMConfig
 from rlhf_mlflow.world.build import build_world
 

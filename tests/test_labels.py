@@ -18,9 +18,10 @@ from rlhf_mlflow.cli.portable import certify_main, label_requests_main
 from rlhf_mlflow.core import model as M
 from rlhf_mlflow.core import records as D
 from rlhf_mlflow.core.world_paths import WorldPaths
-from rlhf_mlflow.decisions.certify import CertifyConfig, certify
-from rlhf_mlflow.decisions.label_requests import draw_requests
+from rlhf_mlflow.decisions.certify import CertifyConfig
 from rlhf_mlflow.decisions.labelled import gain_se, half_width, ppi_mean, skew_shift, t_quantile
+from rlhf_mlflow.evidence.certify import certify
+from rlhf_mlflow.evidence.label_requests import draw_requests
 from rlhf_mlflow.tracking import runs as T
 from rlhf_mlflow.tracking.policy_model import REGISTERED_MODEL, log_policy
 from rlhf_mlflow.world.annotator import label_requests

@@ -19,7 +19,7 @@ from rlhf_mlflow.core import reward_model as R
 from rlhf_mlflow.core.errors import InputError
 from rlhf_mlflow.core.world_paths import WorldPaths
 from rlhf_mlflow.decisions import rm_gate
-from rlhf_mlflow.decisions.label_requests import draw_requests
+from rlhf_mlflow.evidence.label_requests import draw_requests
 from rlhf_mlflow.tracking import rm_registry as RMR
 from rlhf_mlflow.training import repair_rm as RR
 from rlhf_mlflow.world.annotator import label_requests
@@ -82,7 +82,8 @@ def test_portable_repair_writes_a_reward_model_the_seed_layout_loads(tiny_world,
     report = json.loads((out / "repair.json").read_text())
     assert report["rows"]["expert"] == len(D.read_jsonl(world.expert_set, labelled=True)) + 36
     # it learnt from the expert set: certify takes no off-policy evidence from it (in-sample residuals)
-    from rlhf_mlflow.decisions.certify import IN_SAMPLE, certify
+    from rlhf_mlflow.decisions.certify import IN_SAMPLE
+    from rlhf_mlflow.evidence.certify import certify
     world_rm = certify(world.policy, world.policy, world.expert_set, rm_dir=world.reward_model)
     repaired = certify(world.policy, world.policy, world.expert_set, rm_dir=str(out))
     assert all(r["certifiable"] for r in world_rm["families"].values()) and world_rm["config"]["off_policy"]

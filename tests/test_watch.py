@@ -18,6 +18,7 @@ from rlhf_mlflow.core import reward_model as R
 from rlhf_mlflow.core import vocab as V
 from rlhf_mlflow.core.errors import InputError
 from rlhf_mlflow.decisions import watch as W
+from rlhf_mlflow.evidence.watch import PolicyWatch
 from rlhf_mlflow.training.rl_config import RLConfig
 
 
@@ -111,7 +112,7 @@ def _point(step, values: dict[str, float], noise: float = 0.01) -> W.WatchPoint:
 def watch(tiny_world):
     w = os.path.join(tiny_world, "")
     gold = D.read_jsonl(w + "data/gold_calib.jsonl", labelled=True)
-    return W.Watch(M.load_policy(w + "policy")[0], R.load_rm(w + "reward_model")[0], None, gold)
+    return PolicyWatch(M.load_policy(w + "policy")[0], R.load_rm(w + "reward_model")[0], None, gold)
 
 
 def test_the_rule_fires_on_a_real_drop_once_and_not_on_a_flat_or_rising_family(watch):
@@ -169,7 +170,7 @@ def test_the_watch_counts_the_corrections_shortcuts_under_the_reference_and_the_
     w = os.path.join(tiny_world, "")
     gold = D.read_jsonl(w + "data/gold_calib.jsonl", labelled=True)
     reference = M.load_policy(w + "policy")[0]
-    watch = W.Watch(reference, R.load_rm(w + "reward_model")[0], wrapper, gold)
+    watch = PolicyWatch(reference, R.load_rm(w + "reward_model")[0], wrapper, gold)
     pt = watch.observe(0, reference)
     assert set(pt.shortcuts) == {"dune"}
     s = pt.shortcuts["dune"]
@@ -229,7 +230,7 @@ def test_stop_ends_the_run_finished_at_the_peak_and_registers_the_best_checkpoin
 
     def estimate(self, step, policy):
         return _point(step, {f: (dune[step] if f == "dune" else 0.3) for f in self.families})
-    monkeypatch.setattr(W.Watch, "estimate", estimate)
+    monkeypatch.setattr(PolicyWatch, "estimate", estimate)
     res = _run("train-rl", "--world", tiny_world, "--steps", 60, "--batch-prompts", 4, "--log-every", 20,
                "--save-every", 20, "--watch-every", 10, "--watch-gold", "data/gold_calib.jsonl", "--early-stop", "stop")
     assert res.exit_code == 0, res.output
@@ -269,6 +270,7 @@ def test_evidence_of_all_families_at_once_is_each_familys_own(tiny_world):
     family's slice must be what family_evidence gives it alone. Near-greedy sampling (temperature
     1e-6) makes the samples independent of the random stream, so the two agree to float tolerance."""
     from rlhf_mlflow.decisions import certify as C
+    from rlhf_mlflow.evidence import certify_evidence as E
     w = os.path.join(tiny_world, "")
     gold = D.read_jsonl(w + "data/gold_calib.jsonl", labelled=True)
     reference, rm = M.load_policy(w + "policy")[0], R.load_rm(w + "reward_model")[0]
@@ -279,12 +281,12 @@ def test_evidence_of_all_families_at_once_is_each_familys_own(tiny_world):
     by_family = D.group_by_family(gold)
     assert len(by_family) > 1
     cfg = C.CertifyConfig(samples_per_prompt=2, temperature=1e-6)
-    fixed = {f: C.fixed_evidence(reference, rm, None, rows) for f, rows in by_family.items()}
-    together = C.families_evidence(policy, reference, rm, None, by_family, cfg, torch.Generator().manual_seed(3),
+    fixed = {f: E.fixed_evidence(reference, rm, None, rows) for f, rows in by_family.items()}
+    together = E.families_evidence(policy, reference, rm, None, by_family, cfg, torch.Generator().manual_seed(3),
                                    fixed)
     assert list(together) == list(by_family)
     for f, rows in by_family.items():
-        alone = C.family_evidence(policy, reference, rm, None, rows, cfg, [], torch.Generator().manual_seed(4),
+        alone = E.family_evidence(policy, reference, rm, None, rows, cfg, [], torch.Generator().manual_seed(4),
                                   fixed[f])
         for k in ("log_ratios", "labels", "scores", "policy_scores_all", "policy_scores"):
             np.testing.assert_allclose(together[f][k], alone[k], atol=1e-5, err_msg=f"{f} {k}")

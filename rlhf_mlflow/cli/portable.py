@@ -1,16 +1,21 @@
 """The portable commands, on plain paths in the seed's layout and without MLflow:
 
     python -m rlhf_mlflow.certify --policy D --reference D --gold F --out F [--rm-dir D ...] [--policy-labels F]
+                                  [--policy-impl M:F] [--reward-impl M:F]
     python -m rlhf_mlflow.diagnostic --rm-dir D --policy-dir D --prompts F [--gold F] --out F
+                                     [--policy-impl M:F] [--reward-impl M:F]
     python -m rlhf_mlflow.certify_table --samples F --labels F [--expert-set F] [--diagnostic F] --out F
-    python -m rlhf_mlflow.label_requests --policy D --reference D --gold F --per-family K --out F
+    python -m rlhf_mlflow.label_requests --policy D --reference D --gold F --per-family K --out F [--policy-impl M:F]
     python -m rlhf_mlflow.label_requests --samples F --per-family K --out F
     python -m rlhf_mlflow.repair_rm --rm-dir D --qa F [--gold F] --labels F [F ...] [--diagnostic F]
                                     [--policy-dir D --prompts F] --out D [--overwrite]
 
-Same computation as the `certify` and `diagnostic` steps (decisions/), JSON to --out; bad input prints
-`error: ...` and exits 2, with no output file. The repair's --out directory follows the one output rule
-(core/files.py): new or empty, or with --overwrite another repair's (its .rlhf_run.json says so).
+Same computation as the `certify` and `diagnostic` steps (evidence/ and decisions/), JSON to --out; bad
+input prints `error: ...` and exits 2, with no output file. `--policy-impl` / `--reward-impl` name a factory
+('package.module:factory', called with --policy / --rm-dir) that opens a model of another implementation
+of the model protocol (core/protocol.py) instead of our checkpoint. The repair's --out directory follows
+the one output rule (core/files.py): new or empty, or with --overwrite another repair's (its
+.rlhf_run.json says so).
 """
 from __future__ import annotations
 
@@ -24,6 +29,15 @@ from rlhf_mlflow.core.errors import InputError
 from rlhf_mlflow.core.files import atomic_write_json, atomic_write_text, check_out_dir, check_out_is_free, check_writable
 from rlhf_mlflow.training.repair_rm import STEP as REPAIR
 from rlhf_mlflow.training.repair_rm import RepairConfig as RepairDefaults
+
+IMPL_HELP = ("import path 'package.module:factory' of a factory called with the {} location that returns a {} "
+             "of the model protocol (core/protocol.py); default: our checkpoint format")
+
+
+def _impl_options(ap: argparse.ArgumentParser, reward: bool = True) -> None:
+    ap.add_argument("--policy-impl", default=None, help=IMPL_HELP.format("policy", "policy"))
+    if reward:
+        ap.add_argument("--reward-impl", default=None, help=IMPL_HELP.format("reward model", "reward model"))
 
 
 def certify_main(argv: list[str] | None = None) -> int:
@@ -41,13 +55,16 @@ def certify_main(argv: list[str] | None = None) -> int:
     ap.add_argument("--min-labels", type=int, default=20, help="labels a family needs to be certified from them")
     ap.add_argument("--label-looks", type=int, default=1, help="rounds of labels looked at (union bound)")
     ap.add_argument("--seed", type=int, default=0)
+    _impl_options(ap)
     a = ap.parse_args(argv)
 
     def work() -> dict:
-        from rlhf_mlflow.decisions.certify import CertifyConfig, certify
+        from rlhf_mlflow.decisions.certify import CertifyConfig
+        from rlhf_mlflow.evidence.certify import certify
         cfg = CertifyConfig(seed=a.seed, min_labels=a.min_labels, label_looks=a.label_looks)
         return certify(a.policy, a.reference, a.gold, rm_dir=a.rm_dir, correction=a.correction,
-                       diagnostic=a.diagnostic, pilot_prompts=a.pilot_prompts, cfg=cfg, policy_labels=a.policy_labels)
+                       diagnostic=a.diagnostic, pilot_prompts=a.pilot_prompts, cfg=cfg, policy_labels=a.policy_labels,
+                       policy_impl=a.policy_impl, reward_impl=a.reward_impl)
     return _run(work, a)
 
 
@@ -89,23 +106,25 @@ def label_requests_main(argv: list[str] | None = None) -> int:
     ap.add_argument("--families", default=None, help="comma-separated families (default: all)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", required=True, help="where to write the requests (JSONL)")
+    _impl_options(ap, reward=False)
     a = ap.parse_args(argv)
 
     if bool(a.samples) == bool(a.policy and a.reference and a.gold):
         ap.error("give --samples, or --policy, --reference and --gold")
 
     def work() -> list[dict]:
-        from rlhf_mlflow.core import model as M
         from rlhf_mlflow.core import records as D
-        from rlhf_mlflow.decisions.label_requests import draw_requests, draw_table_requests
+        from rlhf_mlflow.core.own_models import open_policy
+        from rlhf_mlflow.decisions.label_requests import draw_table_requests
+        from rlhf_mlflow.evidence.label_requests import draw_requests
         check_range("--per-family", a.per_family, 1, 10_000, integer=True)
         families = [f.strip() for f in a.families.split(",")] if a.families else None
         if a.samples:
             from rlhf_mlflow.core.tables import read_samples
             return draw_table_requests(read_samples(a.samples), a.per_family, families, a.seed)
-        M.load_policy(a.reference)  # checked, like certify's reference
+        open_policy(a.reference)  # checked, like certify's reference
         gold = D.read_jsonl(a.gold, labelled=True, scale=D.EXPERT)
-        return draw_requests(M.load_policy(a.policy)[0], gold, a.per_family,
+        return draw_requests(open_policy(a.policy, a.policy_impl), gold, a.per_family,
                              families, a.seed)
     return _run(work, a, jsonl=True)
 
@@ -121,13 +140,15 @@ def diagnostic_main(argv: list[str] | None = None) -> int:
                     help="optional expert set (labelled reference samples): credits what its labels show to be correctness")
     ap.add_argument("--n-prompts", type=int, default=48)
     ap.add_argument("--seed", type=int, default=0)
+    _impl_options(ap)
     a = ap.parse_args(argv)
 
     def work() -> dict:
-        from rlhf_mlflow.decisions.diagnostic import run_diagnostic
+        from rlhf_mlflow.evidence.diagnostic import run_diagnostic
         check_range("--n-prompts", a.n_prompts, 2, 10_000, integer=True)
         check_seed("--seed", a.seed)
-        return run_diagnostic(a.rm_dir, a.policy_dir, a.prompts, a.n_prompts, a.seed, gold_path=a.gold)
+        return run_diagnostic(a.rm_dir, a.policy_dir, a.prompts, a.n_prompts, a.seed, gold_path=a.gold,
+                              policy_impl=a.policy_impl, reward_impl=a.reward_impl)
     return _run(work, a)
 
 

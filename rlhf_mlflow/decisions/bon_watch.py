@@ -12,22 +12,17 @@ best-of-n form, gain = d (alpha - beta d), fitted to it (watch.gao_fit, form "bo
 - Selection uses the raw reward model (what best-of-n optimises); the estimate uses it corrected.
 - The chosen answers are nested: best-of-n at each n of the ladder picks among the first n of the
   same n_max samples per expert prompt, so the curve moves only where a larger n finds a better one.
-The watch never reads a label of the chosen answers, nor the world's truth.
+The watch never reads a label of the chosen answers, nor the world's truth. evidence/bon.py draws the
+samples and scores them; `chosen_points` decides from the scores.
 """
 from __future__ import annotations
 
 import math
 
 import numpy as np
-import torch
 
-from rlhf_mlflow.core import records as D
-from rlhf_mlflow.core import reward_model as R
-from rlhf_mlflow.core import rollout
-from rlhf_mlflow.core import vocab as V
 from rlhf_mlflow.decisions import certify as C
 from rlhf_mlflow.decisions import watch as W
-from rlhf_mlflow.decisions.evidence import scores
 
 
 def bon_kl(n: int) -> float:
@@ -44,30 +39,20 @@ def ladder(n_max: int) -> list[int]:
     return ns + [n_max]
 
 
-@torch.no_grad()
-def bon_points(policy, rm, wrapper, gold: list[dict], ns: list[int], temperature: float = 1.0,
-               cfg: W.WatchConfig = W.WatchConfig()) -> list[W.WatchPoint]:
-    """One WatchPoint per n (its `step` is n): per family of the expert set, the direct estimate of
-    best-of-n's true quality, its bootstrap draws, KL_n and the gain over the expert labels' mean."""
-    if not ns or min(ns) < 1:
-        raise ValueError(f"best-of-n needs n >= 1, got {ns}")
-    by_family = D.group_by_family(gold)
-    fams = [f for f in V.FAMILIES if f in by_family]
-    rows = [r for f in fams for r in by_family[f]]
-    prompts, n_max = D.prompts_tensor(rows), max(ns)
-    samples = rollout.sample(policy, prompts, n_max, temperature, torch.Generator().manual_seed(cfg.seed))
-    prompts_rep = prompts.repeat_interleave(n_max, 0)
-    raw = R.score(rm, prompts_rep, samples).view(len(rows), n_max)
-    corrected = scores(rm, wrapper, [r for r in rows for _ in range(n_max)], prompts_rep, samples)
-    corrected = corrected.reshape(len(rows), n_max)
-    expert_scores = scores(rm, wrapper, rows, prompts, D.responses_tensor(rows))
+def chosen_points(rows: list[dict], fams: list[str], expert_scores: np.ndarray, raw: np.ndarray,
+                  corrected: np.ndarray, ns: list[int], cfg: W.WatchConfig = W.WatchConfig()) -> list[W.WatchPoint]:
+    """One WatchPoint per n (its `step` is n) from the expert `rows` (grouped by family, in `fams`' order):
+    their corrected scores `expert_scores` (P,), and per expert prompt the raw and corrected scores
+    (P, n_max) of n_max samples; best-of-n picks by the raw score among the first n (evidence/bon.py
+    draws them)."""
     labels = np.array([r["label"] for r in rows], float)
     spans, at = {}, 0
     for f in fams:
-        spans[f], at = slice(at, at + len(by_family[f])), at + len(by_family[f])
+        m = sum(r["family"] == f for r in rows)
+        spans[f], at = slice(at, at + m), at + m
     points = []
     for n in sorted(set(ns)):
-        chosen = corrected[np.arange(len(rows)), raw[:, :n].argmax(1).numpy()]   # per expert prompt
+        chosen = corrected[np.arange(len(rows)), raw[:, :n].argmax(1)]   # per expert prompt
         pt = W.WatchPoint(n, {}, {}, {}, {}, {}, dict.fromkeys(fams, "direct"))
         for i, f in enumerate(fams):
             s = spans[f]

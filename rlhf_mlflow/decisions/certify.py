@@ -24,28 +24,17 @@ family in it is.
 """
 from __future__ import annotations
 
-from collections import Counter
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
-import torch
 
-from rlhf_mlflow.core import model as M
-from rlhf_mlflow.core import records as D
-from rlhf_mlflow.core import reward_model as R
-from rlhf_mlflow.core import shortcut_rules as SR
 from rlhf_mlflow.core import vocab as V
-from rlhf_mlflow.core.checkpoint import content_sha256
 from rlhf_mlflow.core.config import check_range, check_seed
 from rlhf_mlflow.core.errors import InputError
-from rlhf_mlflow.core.reward_wrapper import RewardWrapper, load_wrapper
 from rlhf_mlflow.decisions import labelled as L
 from rlhf_mlflow.decisions import ope_math as O
-from rlhf_mlflow.decisions.label_requests import read_labels
 from rlhf_mlflow.decisions.mixes import aggregate  # noqa: F401 (certify's API)
-from rlhf_mlflow.decisions.evidence import families_evidence, family_evidence, fixed_evidence, scores  # noqa: F401 (certify's API)
 from rlhf_mlflow.decisions.overlap import support
-from rlhf_mlflow.decisions.overlap import weight_support as _weight_support
 from rlhf_mlflow.decisions.policy_labels import (expert_evidence, label_arrays, label_rule, predictor_arrays,  # noqa: F401
                                                  with_labels)
 
@@ -216,76 +205,4 @@ def estimate_families(evidence: dict[str, dict], labelled: dict[str, list[dict]]
     return rows, draws, ref_draws
 
 
-def labelled_scores(rm, wrapper, labelled: dict[str, list[dict]]) -> dict[str, np.ndarray | None]:
-    """Per family, the (corrected) reward model's scores of its labelled responses (None: no reward model)."""
-    return {f: None if rm is None else scores(rm, wrapper, rows, D.prompts_tensor(rows), D.responses_tensor(rows))
-            for f, rows in labelled.items()}
-
-
 IN_SAMPLE = "the reward model learnt from the expert set: certified from policy labels only"
-
-
-def config_for(cfg: CertifyConfig, rm_dir: str | None) -> CertifyConfig:
-    """`cfg` as certify applies it with the reward model in `rm_dir`: without off-policy evidence when
-    that model learnt from the expert set (R.learnt_from_expert_set)."""
-    if rm_dir and cfg.off_policy and R.learnt_from_expert_set(rm_dir):
-        return replace(cfg, off_policy=False)
-    return cfg
-
-
-def certify(policy_dir: str, reference_dir: str, gold_path: str, *, rm_dir: str | None = None,
-            correction: str | RewardWrapper | None = None, diagnostic: str | dict | None = None,
-            pilot_prompts: str | None = None, cfg: CertifyConfig = CertifyConfig(),
-            shortcuts: list[dict] | None = None, policy_labels: str | None = None) -> dict:
-    """Certify `policy_dir` against `reference_dir` with the expert set at `gold_path`.
-
-    `rm_dir` enables the direct and doubly-robust estimates; `correction` is a reward-wrapper file
-    (from `rlhf_mlflow.correction`), or one already loaded, applied to the reward model's scores;
-    `diagnostic` (evidence JSON, path or dict) adds the flagged shortcuts' counts under the policy and
-    the reference (`shortcuts`, the flagged rules themselves, instead: how a report is recomputed; with
-    neither, the report's `shortcut_rules` is null: no shortcut was looked for);
-    `pilot_prompts` adds the `pilot` aggregate weighted by that file's family mix; `policy_labels` (a
-    JSONL file of the policy's own responses labelled by the expert, see label_requests.py) certifies
-    the families that have enough of them by PPI (labelled.py). The report records its inputs, their
-    sha256 and the rules, so that release can recompute it."""
-    gold = D.read_jsonl(gold_path, labelled=True, scale=D.EXPERT)
-    cfg = config_for(cfg, rm_dir)
-    policy, _ = M.load_policy(policy_dir)
-    reference, _ = M.load_policy(reference_dir)
-    rm = R.load_rm(rm_dir)[0] if rm_dir else None
-    wrapper = correction if isinstance(correction, RewardWrapper) else load_wrapper(correction)
-    # None: no diagnostic was given, so nobody looked for shortcuts (marker_collapse is then unknown);
-    # []: a diagnostic flagged none
-    if shortcuts is None and diagnostic is not None:
-        shortcuts = SR.flagged_from(diagnostic)
-    gen = torch.Generator().manual_seed(cfg.seed)
-    by_family = D.group_by_family(gold)
-    labelled = D.group_by_family(read_labels(policy_labels)) if policy_labels else {}
-    evidence = {}
-    for f in V.FAMILIES:
-        if f not in by_family:
-            continue
-        if len(by_family[f]) < 10:
-            raise InputError(f"{gold_path}: family {f} has {len(by_family[f])} expert rows; certification needs >= 10")
-        evidence[f] = family_evidence(policy, reference, rm, wrapper, by_family[f], cfg, shortcuts or [], gen)
-    rows, draws, ref_draws = estimate_families(evidence, labelled, labelled_scores(rm, wrapper, labelled), cfg)
-    report = {"estimator": ESTIMATOR_VERSION, "families": rows,
-              "balanced": aggregate(rows, draws, ref_draws, {f: 1.0 for f in V.FAMILIES}, cfg),
-              "config": asdict(cfg),
-              "inputs": {"policy": policy_dir, "reference": reference_dir, "gold": gold_path, "rm_dir": rm_dir,
-                         "correction": wrapper.path if wrapper else None, "pilot_prompts": pilot_prompts,
-                         "policy_labels": policy_labels},
-              "shortcut_rules": shortcuts}
-    report["input_sha256"] = {k: content_sha256(v) for k, v in report["inputs"].items() if v and k != "policy"}
-    if wrapper:  # the bytes it executed, which the file may no longer hold
-        report["input_sha256"]["correction"] = wrapper.sha256
-    if pilot_prompts:
-        mix = Counter(r["family"] for r in D.read_jsonl(pilot_prompts))
-        report["pilot"] = aggregate(rows, draws, ref_draws, dict(mix), cfg)
-    return report
-
-
-def weight_support(policy: M.Policy, reference: M.Policy, gold: list[dict],
-                   cfg: CertifyConfig = CertifyConfig()) -> dict[str, dict]:
-    """Per family: whether certify could give it a number, from weights alone (overlap.weight_support)."""
-    return _weight_support(policy, reference, gold, cfg)

@@ -14,24 +14,18 @@ family's features controls the chance of flagging a clean family at ALPHA. The v
 (`qa_scan`) says whether the labels pay for a feature too, and alone flags a feature the labels pay
 for far beyond 1/8 even if this model has not learned it. An expert set (optional: labelled reference
 samples) credits the part of a premium that the expert labels show to be correctness. No family or
-token names are used.
+token names are used. evidence/diagnostic.py opens the models (any implementation of core/protocol.py)
+and draws the reference responses; this module decides from a `score` callable and those responses.
 
     python -m rlhf_mlflow.diagnostic --rm-dir D --policy-dir D --prompts F [--gold F] --out F
 """
 from __future__ import annotations
 
-import functools
-import os
-
 import numpy as np
 import torch
 
-from rlhf_mlflow.core import model as M
 from rlhf_mlflow.core import records as D
-from rlhf_mlflow.core import reward_model as R
-from rlhf_mlflow.core import rollout
 from rlhf_mlflow.core import vocab as V
-from rlhf_mlflow.core.errors import InputError
 from rlhf_mlflow.decisions import diagnostic_evidence as E
 from rlhf_mlflow.decisions import premium_test as PT
 from rlhf_mlflow.decisions import qa_scan
@@ -134,40 +128,4 @@ def attribute_spread_prompts(prompts: torch.Tensor, n: int, gen: torch.Generator
         taken[k] = True
         counts[torch.arange(V.N_ATTR), attrs[k]] += 1
     return prompts[taken]
-
-
-def _responses(policy, prompts: torch.Tensor, n: int, gen: torch.Generator) -> tuple[torch.Tensor, ...]:
-    """n balanced prompts and two reference responses to each."""
-    p = attribute_spread_prompts(prompts, n, gen)
-    y = rollout.sample(policy, p, 2, 1.0, gen).view(len(p), 2, -1)  # row i belongs to prompt i // 2
-    return p, y[:, 0], y[:, 1]
-
-
-def _labelled(path: str, what: str, scale: str) -> list[dict]:
-    if not os.path.isfile(path):
-        raise InputError(f"{path}: missing {what}")
-    return D.read_jsonl(path, labelled=True, scale=scale)
-
-
-def run_diagnostic(rm_dir: str, policy_dir: str, prompts_path: str, n_prompts: int = N_PROMPTS, seed: int = 0,
-                   gold_path: str | None = None) -> dict:
-    """{"families": {F: {"risk", "flag", "evidence"}}} for every family in the prompts file.
-    `gold_path` (optional) is an expert set: labelled reference samples (data/gold_calib.jsonl)."""
-    qa = _labelled(os.path.join(rm_dir, "train.jsonl"), "QA sample (the reward model directory must ship train.jsonl)",
-                   D.CROWD)
-    gold = _labelled(gold_path, "expert set", D.EXPERT) if gold_path else None
-    rm, _ = R.load_rm(rm_dir)
-    score = functools.partial(R.score, rm, table=rm.first_layer_table())
-    policy, _ = M.load_policy(policy_dir)
-    records = D.read_jsonl(prompts_path)
-    if not records:
-        raise InputError(f"{prompts_path}: no prompts")
-    gen = torch.Generator().manual_seed(seed)
-    out = {}
-    for f, recs in D.group_by_family(records).items():
-        p, y, fresh = _responses(policy, D.prompts_tensor(recs), n_prompts, gen)
-        in_family = [r for r in gold if r["family"] == f] if gold is not None else None
-        out[f] = audit_family(score, [r for r in qa if r["family"] == f], p, y, fresh, gen, in_family)
-    return {"families": {f: out[f] for f in V.FAMILIES if f in out}, "alpha": PT.ALPHA,
-            "min_premium": PT.MIN_PREMIUM, "expert_set": bool(gold_path)}
 

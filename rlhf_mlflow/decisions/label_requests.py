@@ -6,7 +6,8 @@ distribution, never in the RL prompt pool, and already the prompts certify's unl
 samples are drawn on, so labelled and unlabelled samples share one estimand (the policy's quality on
 the family's traffic). Per family the prompts come in a seeded order and each gets one response of
 the policy at the deployment temperature, drawn from its own seeded stream: the first K requests of a
-family are the same whatever K, so labels bought in rounds extend each other.
+family are the same whatever K, so labels bought in rounds extend each other (evidence/label_requests.py
+draws a live policy's; `draw_table_requests` picks rows of a table of samples).
 """
 from __future__ import annotations
 
@@ -15,35 +16,16 @@ import hashlib
 import torch
 
 from rlhf_mlflow.core import records as D
-from rlhf_mlflow.core import rollout
 from rlhf_mlflow.core import vocab as V
 from rlhf_mlflow.core.errors import InputError
 
 FIELDS = ("id", "family", "attrs", "response")
 
 
-def _stream(seed: int, family: str) -> torch.Generator:
+def request_stream(seed: int, family: str) -> torch.Generator:
+    """A family's own seeded random stream of label requests (its prompts' order, its responses)."""
     digest = hashlib.sha256(f"{seed}:{family}".encode()).digest()
     return torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") & (2 ** 63 - 1))
-
-
-def draw_requests(policy, expert_set: list[dict], per_family: int, families: list[str] | None = None,
-                  seed: int = 0, temperature: float = 1.0, prefix: str = "req") -> list[dict]:
-    """Up to `per_family` requests per family (seed-format records without labels), one per distinct
-    expert-set prompt; ids are `<prefix>-<family>-<k>`."""
-    by_family = D.group_by_family(expert_set)
-    out = []
-    for family in [f for f in V.FAMILIES if f in by_family and (families is None or f in families)]:
-        rows = by_family[family]
-        gen = _stream(seed, family)
-        order = torch.randperm(len(rows), generator=gen).tolist()
-        prompts = D.prompts_tensor([rows[i] for i in order])
-        with torch.no_grad():
-            responses = rollout.sample(policy, prompts, 1, temperature, gen)        # (n, L), one per prompt
-        for k, (i, y) in enumerate(zip(order[:per_family], responses.tolist())):
-            out.append({"id": f"{prefix}-{family}-{k:03d}", "family": family, "attrs": list(rows[i]["attrs"]),
-                        "response": V.decode_response(y)})
-    return out
 
 
 def draw_table_requests(samples: list[dict], per_family: int, families: list[str] | None = None,
@@ -58,7 +40,7 @@ def draw_table_requests(samples: list[dict], per_family: int, families: list[str
         first = {}
         for r in rows:
             first.setdefault(r["prompt_key"], r)
-        order = torch.randperm(len(first), generator=_stream(seed, family)).tolist()
+        order = torch.randperm(len(first), generator=request_stream(seed, family)).tolist()
         prompts = list(first)
         for i in order[:per_family]:
             r = first[prompts[i]]

@@ -4,10 +4,10 @@ says a family is past its peak.
 
 Every `watch_every` steps (and every `watch_early_every` before the first: RLConfig.watch_due), per
 family with expert rows:
-  - certify.families_evidence + estimate_family on the current policy: the calibrated, corrected reward
-    model on the policy's own samples plus the importance-weighted calibration residuals (doubly
-    robust) where the overlap rule allows, else the direct estimate alone, held above the family's
-    lowest expert label; its standard error is the bootstrap's sd over the expert rows. Every
+  - certify's evidence (evidence/certify_evidence.py) + estimate_family on the current policy: the
+    calibrated, corrected reward model on the policy's own samples plus the importance-weighted
+    calibration residuals (doubly robust) where the overlap rule allows, else the direct estimate
+    alone, held above the family's lowest expert label; its standard error is the bootstrap's sd over the expert rows. Every
     watch point uses the same seeds (the same bootstrap rows, the same sampling seed).
   - Past its peak (the rule): the latest estimate is below the best earlier one by more than `z`
     combined standard errors, sqrt(se_best^2 + se_last^2), and by at least `min_drop` (0.02), at
@@ -30,7 +30,6 @@ import math
 from dataclasses import dataclass, field
 
 import numpy as np
-import torch
 
 from rlhf_mlflow.core import records as D
 from rlhf_mlflow.core import shortcut_rules as SR
@@ -168,19 +167,13 @@ def overlap_lost(points: list[WatchPoint], family: str, cfg: WatchConfig) -> boo
 
 
 class Watch:
-    """Estimates at each call, remembers the points, says which families passed their peak."""
+    """Estimates a point from each family's evidence, remembers the points, says which families passed
+    their peak (evidence/watch.py's PolicyWatch gathers the evidence from live models)."""
 
-    def __init__(self, reference, rm, wrapper, gold: list[dict], cfg: WatchConfig = WatchConfig(),
-                 shortcuts: list[dict] = ()):
-        """`shortcuts`: the flagged shortcut rules to count (default: the wrapper's RULES, if any)."""
-        self.reference, self.rm, self.wrapper, self.cfg = reference, rm, wrapper, cfg
+    def __init__(self, gold: list[dict], cfg: WatchConfig = WatchConfig()):
+        self.cfg = cfg
         by_family = D.group_by_family(gold)
         self.families = {f: by_family[f] for f in V.FAMILIES if f in by_family}
-        shortcuts = list(shortcuts or getattr(wrapper, "rules", ()))
-        ref_cfg = C.CertifyConfig(samples_per_prompt=cfg.reference_samples)
-        gen = torch.Generator().manual_seed(cfg.seed + 1)
-        self.fixed = {f: C.fixed_evidence(reference, rm, wrapper, rows, shortcuts, ref_cfg, gen)
-                      for f, rows in self.families.items()}
         self.why: dict[str, str] = {}
         """Per fired family, which rule fired: `estimate fell` or `shortcut <rule> <ref> -> <count> per answer`."""
         self.ccfg = C.CertifyConfig(samples_per_prompt=cfg.samples_per_prompt, n_boot=cfg.n_boot, seed=cfg.seed)
@@ -188,13 +181,10 @@ class Watch:
         self.fired: dict[str, int] = {}
         self._streak = dict.fromkeys(self.families, 0)
 
-    @torch.no_grad()
-    def estimate(self, step: int, policy) -> WatchPoint:
-        """Every family's estimate of the policy's true quality (no state changed)."""
-        gen = torch.Generator().manual_seed(self.cfg.seed)
+    def point(self, step: int, evidence: dict[str, dict]) -> WatchPoint:
+        """Every family's estimate of the policy's true quality from its evidence (certify's arrays,
+        evidence/certify_evidence.py's families_evidence under self.ccfg); no state changed."""
         pt = WatchPoint(step, {}, {}, {}, {}, {}, {})
-        evidence = C.families_evidence(policy, self.reference, self.rm, self.wrapper, self.families, self.ccfg,
-                                       gen, self.fixed)
         for i, (f, rows) in enumerate(self.families.items()):
             ev = evidence[f]
             idx = C.bootstrap_rows(np.random.default_rng(self.cfg.seed + i), len(rows), self.cfg.n_boot)
@@ -213,10 +203,6 @@ class Watch:
                 pt.shortcuts[f] = rise
             pt.gain[f] = pt.estimate[f] - row["reference"]
         return with_balanced(pt, list(self.families))
-
-    def observe(self, step: int, policy) -> WatchPoint:
-        """Estimate, remember, and mark the families that pass their peak at this point."""
-        return self.add(self.estimate(step, policy))
 
     def add(self, pt: WatchPoint) -> WatchPoint:
         """Remember a point (estimated here, or given: a test's synthetic sequence) and apply the rule."""

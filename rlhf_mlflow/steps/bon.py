@@ -16,6 +16,7 @@ from rlhf_mlflow.core import reward_model as R
 from rlhf_mlflow.core.reward_wrapper import load_wrapper
 from rlhf_mlflow.decisions import bon_watch as BW
 from rlhf_mlflow.decisions import watch as W
+from rlhf_mlflow.evidence.bon import bon_points
 from rlhf_mlflow.steps.outputs import check_out
 from rlhf_mlflow.tracking import metric_names as MN
 from rlhf_mlflow.tracking import runs as T
@@ -57,7 +58,7 @@ def _watch(base, rm, wrapper, gold: list[dict], n: int, seed: int) -> dict:
     """The best-of-n curve at n = 1, 2, 4, ..., n (logged at step n) and its fits (at step n, and
     returned under watch/...)."""
     from rlhf_mlflow.steps.figures import gao_fits  # matplotlib: only when drawing
-    points = BW.bon_points(base, rm, wrapper, gold, BW.ladder(n), cfg=W.WatchConfig(seed=seed))
+    points = bon_points(base, rm, wrapper, gold, BW.ladder(n), cfg=W.WatchConfig(seed=seed))
     for pt in points:
         T.log_metrics(MN.prefixed(MN.BON + MN.WATCH, {**pt.estimate, **{f"se/{k}": v for k, v in pt.se.items()}}),
                       step=pt.step)

@@ -22,6 +22,7 @@ from rlhf_mlflow.core.reward_wrapper import load_wrapper
 from rlhf_mlflow.core.world_paths import WORLD_INPUTS, WorldPaths, input_problem
 from rlhf_mlflow.decisions import certify as C
 from rlhf_mlflow.decisions.label_requests import check_labels
+from rlhf_mlflow.evidence import certify as EC
 from rlhf_mlflow.steps.figures import certification_plot
 from rlhf_mlflow.steps.outputs import check_out
 from rlhf_mlflow.steps.reports import certification_markdown, rounded
@@ -135,7 +136,7 @@ def run_certify(version: str | None = None, policy: str | None = None, world: Wo
                         "--diagnostic": diagnostic if isinstance(diagnostic, str) else None,
                         "--world": world.root if world else None})
     wrapper = load_wrapper(inputs.get("correction"))  # the bytes hashed below are the bytes certify executes
-    cfg = C.config_for(cfg, inputs.get("rm_dir"))  # as certify applies it: the parameters logged are the ones used
+    cfg = EC.config_for(cfg, inputs.get("rm_dir"))  # as certify applies it: the parameters logged are the ones used
     params = {**inputs, "model_version": version, "policy": policy,
               "diagnostic": diagnostic if isinstance(diagnostic, str) or diagnostic is None else "(in memory)",
               **{f"{k}_sha256": content_sha256(v) for k, v in inputs.items() if k != "correction" and os.path.exists(v)},
@@ -157,9 +158,9 @@ def run_certify(version: str | None = None, policy: str | None = None, world: Wo
         if wrapper:
             T.log_bytes(wrapper.source, os.path.basename(wrapper.path), "correction")
         labels = _checked_labels(inputs.get("policy_labels"), version)
-        report = C.certify(policy, inputs["reference"], inputs["gold"], rm_dir=inputs.get("rm_dir"),
-                           correction=wrapper, diagnostic=diagnostic, pilot_prompts=inputs.get("pilot_prompts"),
-                           cfg=cfg, policy_labels=inputs.get("policy_labels"))
+        report = EC.certify(policy, inputs["reference"], inputs["gold"], rm_dir=inputs.get("rm_dir"),
+                            correction=wrapper, diagnostic=diagnostic, pilot_prompts=inputs.get("pilot_prompts"),
+                            cfg=cfg, policy_labels=inputs.get("policy_labels"))
         T.log_params({RULES_PARAM: rules_sha256(report.get("shortcut_rules"))})  # what release checks them by
         report["subject"] = ({"registered_model": REG.REGISTERED_MODEL, "model_version": str(version),
                               "model_id": model_id} if version else {"policy": policy})

@@ -1,20 +1,20 @@
-"""The `dev_eval` step: the seed's dev evaluation of a policy (a checkpoint or a models:/ URI) as an
-MLflow run, linked to the policy's LoggedModel when it has one: the summary numbers as `dev/...`
-metrics, per family a table and a figure."""
+"""The `dev_eval` step: the seed's dev evaluation of a policy (a checkpoint, a models:/ URI of any pyfunc
+model that speaks tracking/pyfunc_policy.py's frame contract, or any implementation of core/protocol.py
+named by `--policy-impl`) as an MLflow run, linked to the policy's LoggedModel when it has one: the summary
+numbers as `dev/...` metrics, per family a table and a figure."""
 from __future__ import annotations
 
 import pandas as pd
 
-from rlhf_mlflow.core import model as M
 from rlhf_mlflow.core import records as D
-from rlhf_mlflow.core import reward_model as R
 from rlhf_mlflow.core import vocab as V
 from rlhf_mlflow.core.files import atomic_write_json
+from rlhf_mlflow.core.own_models import open_policy, open_reward_model
 from rlhf_mlflow.steps.figures import family_bars
 from rlhf_mlflow.steps.outputs import check_out
 from rlhf_mlflow.tracking import metric_names as MN
 from rlhf_mlflow.tracking import runs as T
-from rlhf_mlflow.tracking.policy_model import resolve_policy
+from rlhf_mlflow.tracking.pyfunc_policy import resolve
 from rlhf_mlflow.training.evaluate import dev_eval
 
 
@@ -34,22 +34,26 @@ def family_table(metrics: dict) -> pd.DataFrame:
 
 
 def run_dev_eval(policy: str, policy_ref: str, reward_model: str, prompts: str, gold: str | None = None,
-                 n: int = 1, seed: int = 0, run_name: str | None = None, out: str | None = None) -> dict:
+                 n: int = 1, seed: int = 0, run_name: str | None = None, out: str | None = None,
+                 policy_impl: str | None = None, reward_impl: str | None = None) -> dict:
     """The seed's dev evaluation of a checkpoint directory or models:/ URI; metrics are linked to the
-    policy's LoggedModel when it has one. `out` receives the metrics JSON."""
+    policy's LoggedModel when it has one. `out` receives the metrics JSON. `policy_impl` / `reward_impl`
+    (import paths 'package.module:factory', called with `policy` / `reward_model`) open another
+    implementation of core/protocol.py."""
     if out:
         check_out(out, {"--policy": policy, "--policy-ref": policy_ref, "--reward-model": reward_model,
                         "--prompts": prompts, "--gold": gold})
     prompt_records = D.read_jsonl(prompts)
     gold_records = D.read_jsonl(gold, labelled=True, scale=D.EXPERT) if gold else None
     params = {"policy": policy, "policy_ref": policy_ref, "reward_model": reward_model, "prompts": prompts,
-              "gold": gold, "n": n, "seed": seed}
+              "gold": gold, "n": n, "seed": seed,
+              **{k: v for k, v in (("policy_impl", policy_impl), ("reward_impl", reward_impl)) if v}}
     with T.tracked_run("dev_eval", params, run_name=run_name):
-        policy_dir, model_id = resolve_policy(policy)
+        model, model_id = resolve(policy, policy_impl)
         T.log_records_input(prompt_records, prompts, "dev")
         if gold:
             T.log_records_input(gold_records, gold, "gold")
-        res = dev_eval(M.load_policy(policy_dir)[0], M.load_policy(policy_ref)[0], R.load_rm(reward_model)[0],
+        res = dev_eval(model, open_policy(policy_ref), open_reward_model(reward_model, reward_impl),
                        prompt_records, gold_records, n, seed)
         T.log_metrics(MN.prefixed(MN.DEV, {k: v for k, v in res.metrics.items() if k in CHARTED}), model_id=model_id)
         T.log_table(family_table(res.metrics), FAMILY_TABLE)

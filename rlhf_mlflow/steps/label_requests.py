@@ -1,5 +1,5 @@
 """The `label_requests` step: what to ask the expert to label for a registered version (its own
-responses on the expert set's prompts: decisions/label_requests.py), as an MLflow run that logs the
+responses on the expert set's prompts: decisions/label_requests.py, drawn by evidence/label_requests.py), as an MLflow run that logs the
 requests file and tags the version with the run and the file's sha256, so that the labels returned
 for it can be checked against exactly these requests."""
 from __future__ import annotations
@@ -8,13 +8,13 @@ import json
 import os
 from collections.abc import Callable
 
-from rlhf_mlflow.core import model as M
 from rlhf_mlflow.core import records as D
 from rlhf_mlflow.core import vocab as V
 from rlhf_mlflow.core.errors import InputError
 from rlhf_mlflow.core.files import atomic_write_bytes
+from rlhf_mlflow.core.own_models import open_policy
 from rlhf_mlflow.core.world_paths import WorldPaths
-from rlhf_mlflow.decisions.label_requests import draw_requests
+from rlhf_mlflow.evidence.label_requests import draw_requests
 from rlhf_mlflow.steps.outputs import check_out
 from rlhf_mlflow.tracking import registry as REG
 from rlhf_mlflow.tracking import runs as T
@@ -50,7 +50,7 @@ def run_label_requests(version: str, world: WorldPaths, families: str = "auto", 
               "expert_set": world.expert_set}
     with T.tracked_run("label_requests", params, run_name=run_name or f"label-requests-v{mv.version}") as run:
         policy_dir, _ = REG.download_policy(mv.version)
-        requests = draw_requests(M.load_policy(policy_dir)[0], expert_set, per_family, chosen, seed,
+        requests = draw_requests(open_policy(policy_dir), expert_set, per_family, chosen, seed,
                                  prefix=f"req-v{mv.version}")
         raw = "".join(json.dumps(r) + "\n" for r in requests).encode()
         atomic_write_bytes(out, raw)

@@ -20,6 +20,7 @@ from rlhf_mlflow.decisions import certify as C
 from rlhf_mlflow.decisions import guardrails as G
 from rlhf_mlflow.steps.certify import RULES_PARAM, rules_sha256, world_input_problem
 from rlhf_mlflow.decisions.table_certify import table_report
+from rlhf_mlflow.evidence import certify as EC
 from rlhf_mlflow.steps.reports import (
     failed_tags,
     gate_markdown,
@@ -227,10 +228,10 @@ def _recomputed(report: dict, version) -> dict:
     if report.get("kind") == "table":  # a policy certified from its samples: from the same tables
         return table_report(inputs, _certify_config(report), report.get("shortcut_rules"), recorded_rules=True)
     policy_dir, _ = REG.download_policy(version.version)
-    return C.certify(policy_dir, inputs["reference"], inputs["gold"], rm_dir=inputs.get("rm_dir"),
-                     correction=inputs.get("correction"), pilot_prompts=inputs.get("pilot_prompts"),
-                     cfg=_certify_config(report), shortcuts=report.get("shortcut_rules"),
-                     policy_labels=inputs.get("policy_labels"))
+    return EC.certify(policy_dir, inputs["reference"], inputs["gold"], rm_dir=inputs.get("rm_dir"),
+                      correction=inputs.get("correction"), pilot_prompts=inputs.get("pilot_prompts"),
+                      cfg=_certify_config(report), shortcuts=report.get("shortcut_rules"),
+                      policy_labels=inputs.get("policy_labels"))
 
 
 def _compare(report: dict, fresh: dict, version, run_id: str) -> None:

@@ -24,8 +24,8 @@ from rlhf_mlflow.core.errors import read_json
 from rlhf_mlflow.core.world_paths import WorldPaths
 from rlhf_mlflow.decisions import rm_gate
 from rlhf_mlflow.decisions.correction import fit_corrections
-from rlhf_mlflow.decisions.diagnostic import run_diagnostic
 from rlhf_mlflow.decisions.label_requests import check_prompts_known, read_label_files
+from rlhf_mlflow.evidence.diagnostic import run_diagnostic
 from rlhf_mlflow.steps.outputs import check_out_dir
 from rlhf_mlflow.tracking import metric_names as MN
 from rlhf_mlflow.tracking import rm_registry as RMR

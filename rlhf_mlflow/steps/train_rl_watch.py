@@ -16,6 +16,7 @@ from rlhf_mlflow.core import records as D
 from rlhf_mlflow.core import reward_model as R
 from rlhf_mlflow.core.reward_wrapper import load_wrapper
 from rlhf_mlflow.decisions import watch as W
+from rlhf_mlflow.evidence.watch import PolicyWatch
 from rlhf_mlflow.tracking import metric_names as MN
 from rlhf_mlflow.tracking import runs as T
 from rlhf_mlflow.training.rl_config import RLConfig
@@ -41,7 +42,7 @@ class RunWatch:
         wrapper = load_wrapper(cfg.watch_correction or cfg.reward_wrapper)
         gold = D.read_jsonl(cfg.watch_gold, labelled=True, scale=D.EXPERT)
         self.cfg, self.logger, self.name, self.best_dir = cfg, logger, name, os.path.join(ckpt_dir, BEST)
-        self.watch = W.Watch(reference, rm, wrapper, gold, watch_cfg)
+        self.watch = PolicyWatch(reference, rm, wrapper, gold, watch_cfg)
         self.best: tuple[int, str] | None = None
         self.choose = self.watch.proposal_step if proposal else self.watch.best_step
         self.blind: dict[str, str] = {}

@@ -2,7 +2,8 @@
 
 Samples one response per dev prompt at temperature 1.0, scores it with the reward model, and
 estimates KL to the reference on the policy's own samples; reports the reward model's Pearson r
-with the expert gold labels, pooled and per family.
+with the expert gold labels, pooled and per family. The policies and the reward model are any
+implementation of core/protocol.py (ours are wrapped: own_models.as_policy).
 """
 from __future__ import annotations
 
@@ -10,11 +11,10 @@ from dataclasses import dataclass
 
 import torch
 
-from rlhf_mlflow.core import model as M
+from rlhf_mlflow.core import protocol as P
 from rlhf_mlflow.core import records as D
-from rlhf_mlflow.core import reward_model as R
-from rlhf_mlflow.core import rollout
 from rlhf_mlflow.core import vocab as V
+from rlhf_mlflow.core.own_models import as_policy, as_reward_model
 from rlhf_mlflow.training.family_stats import family_of
 from rlhf_mlflow.training.train_rm import pearson
 
@@ -34,18 +34,20 @@ def proxy_summary(scores: torch.Tensor, kl: torch.Tensor) -> dict[str, float]:
 
 
 @torch.no_grad()
-def dev_eval(policy: M.Policy, ref: M.Policy, rm: R.RewardModel, prompt_records: list[dict],
-             gold_records: list[dict] | None = None, n: int = 1, seed: int = 0, temperature: float = 1.0
-             ) -> EvalResult:
+def dev_eval(policy, ref, rm, prompt_records: list[dict], gold_records: list[dict] | None = None, n: int = 1,
+             seed: int = 0, temperature: float = 1.0) -> EvalResult:
+    """`n` samples of the policy per prompt at `temperature`, their reward-model scores and KL to `ref`
+    (per family, balanced and pilot), and the reward model's fit to the expert set when given."""
+    policy, ref, rm = as_policy(policy), as_policy(ref), as_reward_model(rm)
     g = torch.Generator().manual_seed(seed)
     prompts = D.prompts_tensor(prompt_records)
     scores, kls, resp = [], [], []
     for i in range(0, len(prompt_records), 256):
         p = prompts[i:i + 256]
-        y = rollout.sample(policy, p, n, temperature, g)
+        y = P.sample(policy, p, n, temperature, g)
         prep = p.repeat_interleave(n, 0)
-        scores.append(R.score(rm, prep, y))
-        kls.append(M.sequence_logprobs(policy, prep, y) - M.sequence_logprobs(ref, prep, y))
+        scores.append(P.score(rm, prep, y))
+        kls.append(P.logprobs(policy, prep, y) - P.logprobs(ref, prep, y))
         resp.append(y)
     s, k, y = torch.cat(scores), torch.cat(kls), torch.cat(resp)
     prompts_rep = prompts.repeat_interleave(n, 0)
@@ -58,7 +60,7 @@ def dev_eval(policy: M.Policy, ref: M.Policy, rm: R.RewardModel, prompt_records:
         metrics[f"{name}/balanced"] = sum(per.values()) / len(per)
         metrics[f"{name}/pilot"] = float(values.mean())
     if gold_records:
-        gs = R.score(rm, D.prompts_tensor(gold_records), D.responses_tensor(gold_records))
+        gs = P.score(rm, D.prompts_tensor(gold_records), D.responses_tensor(gold_records))
         gl = D.labels_tensor(gold_records)
         gf = D.family_index(gold_records)
         metrics["rm_gold_pearson"] = pearson(gs, gl)
@@ -85,7 +87,7 @@ def first_per_family(prompt_records: list[dict], per_family: int = 400) -> list[
     return [r for f in V.FAMILIES for r in by[f]]
 
 
-def family_probe(policy: M.Policy, ref: M.Policy, rm: R.RewardModel, prompt_records: list[dict],
+def family_probe(policy, ref, rm, prompt_records: list[dict],
                  tokens: tuple[str, ...] = (), seed: int = 42) -> dict[str, float]:
     """Per family on balanced prompts: proxy, KL, and mean count of each token in `tokens`."""
     res = dev_eval(policy, ref, rm, prompt_records, None, 1, seed)

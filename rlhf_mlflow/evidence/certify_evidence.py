@@ -1,20 +1,20 @@
 """The evidence certify estimates from, per family of the expert set: the policy's and the reference's
 log-probs of the expert responses, the policy's own samples (their log-ratios, population ESS, KL and
 reward-model scores), and the flagged shortcuts' counts under both. `fixed_evidence` is the part that
-does not depend on the policy (computed once by the watch)."""
+does not depend on the policy (computed once by the watch). The policies and the reward model are any
+implementation of core/protocol.py (our modules are wrapped: own_models.as_policy)."""
 from __future__ import annotations
 
 import numpy as np
 import torch
 
-from rlhf_mlflow.core import model as M
+from rlhf_mlflow.core import protocol as P
 from rlhf_mlflow.core import records as D
-from rlhf_mlflow.core import reward_model as R
-from rlhf_mlflow.core import rollout
 from rlhf_mlflow.core import shortcut_rules as SR
+from rlhf_mlflow.core.own_models import as_policy, as_reward_model
 from rlhf_mlflow.core.reward_wrapper import apply_wrapper
 from rlhf_mlflow.decisions import ope_math as O
-from rlhf_mlflow.decisions.overlap import own_samples
+from rlhf_mlflow.evidence.overlap import own_samples
 
 
 @torch.no_grad()
@@ -35,11 +35,12 @@ def families_evidence(policy, reference, rm, wrapper, by_family: dict[str, list[
     """family_evidence of several families at once, each model run once over all their rows (the
     watch: at two threads one pass over 600 rows costs half of six over 100). For one family the
     samples are family_evidence's, draw for draw."""
+    policy, reference, rm = as_policy(policy), as_policy(reference), as_reward_model(rm)
     rows = [r for g in by_family.values() for r in g]
     K, prompts = cfg.samples_per_prompt, D.prompts_tensor(rows)
     prompts_rep = prompts.repeat_interleave(K, 0)
     own, ref_own, own_lw = own_samples(policy, reference, prompts, cfg, gen, with_reference=fixed is None)
-    policy_lp = M.sequence_logprobs(policy, prompts, D.responses_tensor(rows))
+    policy_lp = P.logprobs(policy, prompts, D.responses_tensor(rows))
     own_scores = None if rm is None else scores(rm, wrapper, [r for r in rows for _ in range(K)], prompts_rep, own)
     out, at = {}, 0
     for f, gold in by_family.items():
@@ -73,23 +74,30 @@ def fixed_evidence(reference, rm, wrapper, gold: list[dict], shortcuts: list[dic
     the expert responses, their (corrected) reward-model scores, and the family's `shortcuts` with
     their mean count per answer in cfg.samples_per_prompt reference samples per expert prompt (drawn
     from `gen`)."""
+    reference, rm = as_policy(reference), as_reward_model(rm)
     prompts, responses = D.prompts_tensor(gold), D.responses_tensor(gold)
-    out = {"ref_logprobs": M.sequence_logprobs(reference, prompts, responses),
+    out = {"ref_logprobs": P.logprobs(reference, prompts, responses),
            "scores": None if rm is None else scores(rm, wrapper, gold, prompts, responses), "shortcuts": []}
     rules = _family_rules(shortcuts, gold)
     if rules:
         K = cfg.samples_per_prompt
-        ref_own = rollout.sample(reference, prompts, K, cfg.temperature, gen)
+        ref_own = P.sample(reference, prompts, K, cfg.temperature, gen)
         out["shortcuts"] = _reference_counts(rules, prompts.repeat_interleave(K, 0), ref_own)
     return out
 
 
 def scores(rm, wrapper, records, prompts, responses) -> np.ndarray:
     """The reward model's scores of these responses, corrected by `wrapper` when given (float64)."""
-    s = R.score(rm, prompts, responses)
+    s = P.score(as_reward_model(rm), prompts, responses)
     if wrapper is not None:
         s = apply_wrapper(wrapper, getattr(wrapper, "path", "correction"), records, responses, s)
     return s.double().numpy()
+
+
+def labelled_scores(rm, wrapper, labelled: dict[str, list[dict]]) -> dict[str, np.ndarray | None]:
+    """Per family, the (corrected) reward model's scores of its labelled responses (None: no reward model)."""
+    return {f: None if rm is None else scores(rm, wrapper, rows, D.prompts_tensor(rows), D.responses_tensor(rows))
+            for f, rows in labelled.items()}
 
 
 def _family_rules(shortcuts, gold: list[dict]) -> list[dict]:
