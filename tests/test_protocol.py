@@ -257,3 +257,25 @@ def test_a_pyfunc_model_of_another_flavour_is_evaluated_through_predict(tiny_wor
     assert res.exit_code == 0, res.output
     metrics = json.load(open(tmp_path / "dev.json"))
     assert abs(metrics["kl/balanced"]) < 1e-3 and metrics["kl/balanced"] != 0.0  # two implementations, one model
+
+
+def test_a_certification_through_an_implementation_is_recomputed_through_it_by_release(tiny_world, tmp_path):
+    """`certify --model-version V --policy-impl M:F --reward-impl M:F`: the implementations are parameters of
+    the certify run and inputs of its report, and release recomputes the certification through them."""
+    from rlhf_mlflow.tracking import runs as T
+    from rlhf_mlflow.tracking.policy_model import log_policy
+    from rlhf_mlflow.tracking.registry import release_record
+    policy = sharpened(tiny_world, str(tmp_path / "policy"), 1.6)
+    with T.tracked_run("train_rl", {"policy": policy}):
+        _, version = log_policy(policy, tags={"recipe": "theirs"})
+    impls = ["--policy-impl", f"{HERE}:wrapped_policy", "--reward-impl", f"{HERE}:wrapped_rm"]
+    res = CliRunner().invoke(cli, ["certify", "--model-version", version.version, "--world", tiny_world, *impls])
+    assert res.exit_code == 0, res.output
+    run_id = mlflow.MlflowClient().get_model_version("rlhf-policy", version.version).tags["certification.run_id"]
+    assert mlflow.get_run(run_id).data.params["policy_impl"] == f"{HERE}:wrapped_policy"
+    res = CliRunner().invoke(cli, ["release", "--model-version", version.version, "--guardrails",
+                                   "min_balanced_gain=-1,require_significant_gain=false,min_family_change=-1,"
+                                   "waive=marker_collapse"])
+    assert res.exit_code == 0 and "recomputed" in res.output, res.output
+    record = release_record(mlflow.MlflowClient().get_model_version("rlhf-policy", version.version))
+    assert record["evidence"] == "recomputed"

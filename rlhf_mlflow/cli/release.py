@@ -46,8 +46,13 @@ from rlhf_mlflow.training.recipes import MAX_STEPS_SCALE, check_steps_scale
 @click.option("--label-looks", type=click.IntRange(1, 1000), default=1, show_default=True,
               help="Rounds of labels looked at so far: every interval is union-bounded over them.")
 @click.option("--out", default=None, help="Also write the certification JSON here.")
+@click.option("--policy-impl", default=None, metavar="MODULE:FACTORY",
+              help="Open the policy with another implementation of the model protocol (core/protocol.py): an "
+                   "import path called with the policy's location.")
+@click.option("--reward-impl", default=None, metavar="MODULE:FACTORY",
+              help="The same for the reward model (called with --rm-dir).")
 def certify_cmd(model_version, policy, world, reference, gold, rm_dir, correction, diagnostic, pilot_prompts,
-                min_ess, max_khat, seed, policy_labels, min_labels, label_looks, out):
+                min_ess, max_khat, seed, policy_labels, min_labels, label_looks, out, policy_impl, reward_impl):
     """Certify a policy's true quality per family from the expert set, as an MLflow run."""
     from rlhf_mlflow.decisions.certify import CertifyConfig
     from rlhf_mlflow.steps.certify import run_certify
@@ -62,7 +67,8 @@ def certify_cmd(model_version, policy, world, reference, gold, rm_dir, correctio
                       rm_dir=rm_dir, correction=correction, diagnostic=diagnostic, pilot_prompts=pilot_prompts,
                       cfg=CertifyConfig(min_ess=min_ess, max_khat=max_khat, seed=seed, min_labels=min_labels,
                                         label_looks=label_looks),
-                      echo=echo_err, out=out, policy_labels=policy_labels)
+                      echo=echo_err, out=out, policy_labels=policy_labels, policy_impl=policy_impl,
+                      reward_impl=reward_impl)
     echo_json({"run_id": res["run_id"], "balanced": res["report"]["balanced"]})
 
 

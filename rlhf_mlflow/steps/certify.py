@@ -122,11 +122,13 @@ def run_certify(version: str | None = None, policy: str | None = None, world: Wo
                 correction: str | None = None, diagnostic: str | dict | None = None, pilot_prompts: str | None = None,
                 cfg: C.CertifyConfig = C.CertifyConfig(), echo: Callable[[str], None] = print,
                 tags: dict | None = None, out: str | None = None, policy_labels: str | None = None,
-                run_name: str | None = None) -> dict:
+                run_name: str | None = None, policy_impl: str | None = None, reward_impl: str | None = None) -> dict:
     """Certify a registered version (or a plain checkpoint directory) as an MLflow run; `out` receives
     the report JSON, written before the version is tagged (a failure leaves the version untagged).
     `policy_labels`: expert labels on the version's own responses, checked against the label requests
-    logged for it (label_requests step), certify the families that have enough of them."""
+    logged for it (label_requests step), certify the families that have enough of them. `policy_impl` /
+    `reward_impl`: import paths of another implementation of the model protocol (core/protocol.py), called
+    with the policy's and the reward model's locations."""
     if bool(version) == bool(policy):
         raise InputError("certify needs exactly one of --model-version or --policy")
     inputs = world_inputs(world, reference=reference, gold=gold, rm_dir=rm_dir, pilot_prompts=pilot_prompts,
@@ -137,7 +139,7 @@ def run_certify(version: str | None = None, policy: str | None = None, world: Wo
                         "--world": world.root if world else None})
     wrapper = load_wrapper(inputs.get("correction"))  # the bytes hashed below are the bytes certify executes
     cfg = EC.config_for(cfg, inputs.get("rm_dir"))  # as certify applies it: the parameters logged are the ones used
-    params = {**inputs, "model_version": version, "policy": policy,
+    params = {**inputs, "model_version": version, "policy": policy, "policy_impl": policy_impl, "reward_impl": reward_impl,
               "diagnostic": diagnostic if isinstance(diagnostic, str) or diagnostic is None else "(in memory)",
               **{f"{k}_sha256": content_sha256(v) for k, v in inputs.items() if k != "correction" and os.path.exists(v)},
               **{f"certify.{k}": v for k, v in cfg.__dict__.items()}}
@@ -160,7 +162,8 @@ def run_certify(version: str | None = None, policy: str | None = None, world: Wo
         labels = _checked_labels(inputs.get("policy_labels"), version)
         report = EC.certify(policy, inputs["reference"], inputs["gold"], rm_dir=inputs.get("rm_dir"),
                             correction=wrapper, diagnostic=diagnostic, pilot_prompts=inputs.get("pilot_prompts"),
-                            cfg=cfg, policy_labels=inputs.get("policy_labels"))
+                            cfg=cfg, policy_labels=inputs.get("policy_labels"), policy_impl=policy_impl,
+                            reward_impl=reward_impl)
         T.log_params({RULES_PARAM: rules_sha256(report.get("shortcut_rules"))})  # what release checks them by
         report["subject"] = ({"registered_model": REG.REGISTERED_MODEL, "model_version": str(version),
                               "model_id": model_id} if version else {"policy": policy})

@@ -151,6 +151,9 @@ TOLERANCE = 1e-3  # float summation order differs between thread counts; a docto
 INPUTS = ("reference", "gold", "rm_dir", "pilot_prompts", "correction", "policy_labels", "samples", "labels",
           "expert_set")
 TRUST_FLAG = "--trust-remote-evidence"
+IMPLS = ("policy_impl", "reward_impl")
+"""Import paths of another implementation of the model protocol a certification ran with (not files:
+compared with the certify run's parameters, and given to the recomputation)."""
 
 
 def recompute_certification(report: dict, version, run_id: str, trust_remote: bool = False) -> str:
@@ -198,7 +201,7 @@ def _disagrees_with_params(report: dict, params: dict) -> str | None:
     def logged(key):  # under `mlflow run` the launcher logs the raw value and certify the resolved one
         return params.get(f"resolved.{key}", params.get(key))
     inputs, hashes, config = report.get("inputs", {}), report.get("input_sha256", {}), report.get("config", {})
-    for k in INPUTS:
+    for k in (*INPUTS, *IMPLS):
         said, ran = inputs.get(k), logged(k)
         if (said or None) != (ran or None):
             return f"its report names {k} {said}, its certify run's parameters {k} {ran}"
@@ -231,7 +234,8 @@ def _recomputed(report: dict, version) -> dict:
     return EC.certify(policy_dir, inputs["reference"], inputs["gold"], rm_dir=inputs.get("rm_dir"),
                       correction=inputs.get("correction"), pilot_prompts=inputs.get("pilot_prompts"),
                       cfg=_certify_config(report), shortcuts=report.get("shortcut_rules"),
-                      policy_labels=inputs.get("policy_labels"))
+                      policy_labels=inputs.get("policy_labels"), policy_impl=inputs.get("policy_impl"),
+                      reward_impl=inputs.get("reward_impl"))
 
 
 def _compare(report: dict, fresh: dict, version, run_id: str) -> None:
