@@ -47,7 +47,7 @@ def export(world: str, checkpoint: str, per_prompt: int, seed: int) -> tuple[lis
     samples = []
     for i, extra in enumerate(numbers(policy, reference, rm, repeated, responses)):
         g = gold[i // per_prompt]
-        samples.append({"id": f"{g['id']}-s{i % per_prompt}", "family": g["family"], "attrs": g["attrs"],
+        samples.append({"id": f"{g['id']}-seed{seed}-{i % per_prompt}", "family": g["family"], "attrs": g["attrs"],
                         "prompt_id": g["id"], "response": " ".join(response_tokens(responses[i])), **extra})
     gold_responses = torch.tensor([[CONTENT.index(t) for t in g["response"]] for g in gold])
     expert = [{**g, "prompt_id": g["id"], **extra}
