@@ -86,7 +86,7 @@ def trained(world: str, work: str, steps: int, kl_coef: float) -> str:
 
 
 @torch.no_grad()
-def truth(world: str, ckpt: str, per_family: int, work: str) -> dict:
+def truth(world: str, ckpt: str, per_family: int) -> dict:
     """{"deploy": {family: truth}, "expert": {family: truth}}, cached beside the checkpoint."""
     path = os.path.join(ckpt, f"truth-{per_family}.json")
     if os.path.isfile(path):
@@ -100,11 +100,12 @@ def truth(world: str, ckpt: str, per_family: int, work: str) -> dict:
     for name, prompts, n in (("deploy", fresh, 8), ("expert", gold, 64)):
         q, fam = [], []
         gen = torch.Generator().manual_seed(1)
-        for i in range(0, len(prompts), 512):
-            part = torch.tensor([tinylm.prompt_ids(f, a) for f, a in prompts[i:i + 512]])
+        chunk = 4096 // n  # prompts per batch: 4,096 responses
+        for i in range(0, len(prompts), chunk):
+            part = torch.tensor([tinylm.prompt_ids(f, a) for f, a in prompts[i:i + chunk]])
             y = policy.sample(part, n, gen) + tinylm.FIRST_CONTENT
             q.append(oracle.true_quality(part.repeat_interleave(n, 0), y))
-            fam += [f for f, _ in prompts[i:i + 512] for _ in range(n)]
+            fam += [f for f, _ in prompts[i:i + chunk] for _ in range(n)]
         q, fam = torch.cat(q).numpy(), np.array(fam)
         out[name] = {f: float(q[fam == f].mean()) for f in V.FAMILIES}
     with open(path, "w") as f:
@@ -155,7 +156,7 @@ def run(a: argparse.Namespace) -> list[dict]:
     world = os.path.abspath(a.world)
     os.makedirs(a.work, exist_ok=True)
     ckpt = trained(world, a.work, a.steps, a.kl_coef)
-    truths = truth(world, ckpt, a.truth_prompts, a.work)
+    truths = truth(world, ckpt, a.truth_prompts)
     print("truth (deployment):", {f: round(v, 3) for f, v in truths["deploy"].items()}, flush=True)
     cfg, out = CertifyConfig(), []
     for d in range(a.draws):

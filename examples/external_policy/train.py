@@ -73,7 +73,7 @@ def main() -> None:
     ap.add_argument("--samples-per-prompt", type=int, default=8)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--log-every", type=int, default=50)
-    torch.set_num_threads(min(2, torch.get_num_threads()))
+    torch.set_num_threads(1)  # tiny matrices: on a busy two-core machine 0.17 s a step, against 2.3 s with two threads
     train(ap.parse_args())
 
 
