@@ -137,8 +137,18 @@ def load_world(world: str) -> tuple[Policy, RewardModel, list[dict], list[dict]]
             rows("prompts_train.jsonl"), rows("gold_calib.jsonl"))
 
 
+CHECKPOINT_FILES = {"weights.safetensors", "meta.json"}
+
+
+def check_out(out: str) -> None:
+    """Refuse to replace a directory that is not one of our checkpoints (nor empty)."""
+    if os.path.exists(out) and (not os.path.isdir(out) or set(os.listdir(out)) - CHECKPOINT_FILES):
+        raise SystemExit(f"error: {out} exists and is not a checkpoint of ours: give a new or empty directory")
+
+
 def save_checkpoint(policy: Policy, meta: dict, out: str) -> None:
     """Our own format: out/weights.safetensors (our key names) and out/meta.json, written beside, then renamed."""
+    check_out(out)
     tmp = out.rstrip("/") + ".partial"
     shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp)

@@ -17,7 +17,7 @@ import time
 
 import torch
 
-from tinylm import load_world, prompt_ids, save_checkpoint
+from tinylm import check_out, load_world, prompt_ids, save_checkpoint
 
 
 def reinforce_step(policy, reference, rm, prompts, args, gen, opt) -> dict:
@@ -40,6 +40,7 @@ def reinforce_step(policy, reference, rm, prompts, args, gen, opt) -> dict:
 
 
 def train(args: argparse.Namespace) -> None:
+    check_out(args.out)  # before any step, not after
     torch.manual_seed(args.seed)
     gen = torch.Generator().manual_seed(args.seed)
     reference, rm, train_prompts, _ = load_world(args.world)
