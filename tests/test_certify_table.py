@@ -163,3 +163,23 @@ def test_the_portable_form_needs_no_mlflow(tiny_world, tmp_path):
     report = json.loads(out.read_text())
     assert report["kind"] == "table" and set(report["families"]) == set(V.FAMILIES)
     assert report == json.loads(json.dumps(table_report(tables)))
+
+
+def test_a_certify_table_that_fails_after_registering_leaves_no_version(tiny_world, tmp_path, monkeypatch):
+    """--register makes the version inside the run; a failure after it (here, writing the report) deletes
+    it again: the run ends FAILED and the registry is as it was."""
+    from rlhf_mlflow.steps import certify_table as CT
+    world = WorldPaths.at(tiny_world)
+    labels = _labels(world.policy, world, 20, tmp_path / "labels.jsonl")
+    tables = export_tables(world.policy, world, labels, tmp_path)
+
+    def broken(*args, **kwargs):
+        raise OSError("disk full")
+    monkeypatch.setattr(CT, "_log_report", broken)
+    res = CliRunner().invoke(cli, ["certify-table", "--samples", tables["samples"], "--labels", tables["labels"],
+                                   "--expert-set", tables["expert_set"], "--register", "theirs", "--model-uri",
+                                   str(tmp_path)])
+    assert res.exit_code != 0
+    assert not mlflow.MlflowClient().search_model_versions("name = 'rlhf-policy'")
+    (run,) = mlflow.search_runs(search_all_experiments=True, output_format="list")
+    assert run.info.status == "FAILED"

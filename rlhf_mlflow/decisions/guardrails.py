@@ -162,7 +162,8 @@ def _certifiable(report: dict, cfg: GuardrailConfig) -> tuple[bool, str]:
     weak = [f"{f} ({r['reason']})" for f, r in fams.items() if not r["certifiable"]]
     if weak:
         return False, "not certifiable: " + ", ".join(weak)
-    ess = [r["ess"] for r in fams.values() if r.get("ess") is not None]  # none: certified from labels alone
+    ess = [r["ess"] for r in fams.values()  # the expert set's, where it took part: not a labels-only family's
+           if r.get("ess") is not None and (r.get("evidence_weights") or {"expert_set": 1}).get("expert_set")]
     return True, f"every family certifiable (min_ess {used['min_ess']:g}), min ESS " + \
         (f"{min(ess):.1f}" if ess else "n/a (labels on the policy's own samples)")
 

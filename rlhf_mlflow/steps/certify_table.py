@@ -23,7 +23,7 @@ from rlhf_mlflow.steps.outputs import check_out
 from rlhf_mlflow.tracking import registry as REG
 from rlhf_mlflow.tracking import runs as T
 from rlhf_mlflow.tracking import world_record as WR
-from rlhf_mlflow.tracking.external_versions import register_external
+from rlhf_mlflow.tracking.external_versions import register_external, unregister
 
 def run_certify_table(samples: str, labels: str, expert_set: str | None = None, diagnostic: str | None = None,
                       version: str | None = None, register: str | None = None, model_uri: str | None = None,
@@ -55,15 +55,27 @@ def run_certify_table(samples: str, labels: str, expert_set: str | None = None, 
         if register:
             version = register_external(register, model_uri, run.info.run_id, report["input_sha256"])
             echo(f"certify-table: registered {model_uri} as {REG.REGISTERED_MODEL} version {version} ({register})")
-        report["subject"] = {"registered_model": REG.REGISTERED_MODEL, "model_version": str(version),
-                             "model_id": getattr(REG.get_version(version), "model_id", None)}
-        if register:
-            T.log_params({"model_version": str(version)})
-        n_labels = sum(r.get("labels", 0) or 0 for r in report["families"].values())
-        _log_report(report, report["subject"]["model_id"], [{"family": f} for f, r in report["families"].items()
-                                                             for _ in range(r.get("labels", 0) or 0)], out)
-        sha = T.log_json_artifact(report, REG.CERT_ARTIFACT)
-        REG.set_tags(version, {"certification.run_id": run.info.run_id, "certification.sha256": sha})
-        T.set_tags({"rlhf.summary": _short_summary(report)})
-        echo(_summary_line(report, version) + f" ({n_labels} expert labels on its samples)")
+        try:
+            _record(report, version, bool(register), run.info.run_id, out, echo)
+        except BaseException:
+            if register:  # a run that fails leaves the registry as it was: no version without its certification
+                unregister(version)
+            raise
     return {"run_id": run.info.run_id, "model_version": str(version), "report": report}
+
+
+def _record(report: dict, version: str, registered: bool, run_id: str, out: str | None,
+            echo: Callable[[str], None]) -> None:
+    """The report as certify logs one (metrics, tables, figure, markdown, the artifact), then the version's
+    certification tags, last."""
+    report["subject"] = {"registered_model": REG.REGISTERED_MODEL, "model_version": str(version),
+                         "model_id": getattr(REG.get_version(version), "model_id", None)}
+    if registered:
+        T.log_params({"model_version": str(version)})
+    n_labels = sum(r.get("labels", 0) or 0 for r in report["families"].values())
+    _log_report(report, report["subject"]["model_id"], [{"family": f} for f, r in report["families"].items()
+                                                         for _ in range(r.get("labels", 0) or 0)], out)
+    sha = T.log_json_artifact(report, REG.CERT_ARTIFACT)
+    REG.set_tags(version, {"certification.run_id": run_id, "certification.sha256": sha})
+    T.set_tags({"rlhf.summary": _short_summary(report)})
+    echo(_summary_line(report, version) + f" ({n_labels} expert labels on its samples)")

@@ -25,7 +25,7 @@ def certification_markdown(report: dict) -> str:
             r = report[agg]
             lines.append(f"| **{agg}** | {_certified(r)} | {_gain(r)} | | families' mix | {r['reason']} |")
     for f, r in report["families"].items():
-        lines.append(f"| {f} | {_certified(r)} | {_gain(r)} | {r['kl']:.2f} | {evidence_words(r)} | {r['reason']} |")
+        lines.append(f"| {f} | {_certified(r)} | {_gain(r)} | {_n(r['kl'], '.2f')} | {evidence_words(r)} | {r['reason']} |")
     subject = report.get("subject", {})
     title = f"# Certification of {subject.get('registered_model', 'policy')} version {subject.get('model_version', '?')}\n\n"
     about = ("Expert set: doubly-robust off-policy estimate from the labelled reference samples (a seeded "
@@ -168,7 +168,8 @@ def failed_tags(results: dict, report: dict, prefix: str = "failed.") -> dict[st
         families = [f for f in V.FAMILIES if re.search(rf"\b{f}\b", why)]
         if len(brief) <= room:
             pass
-        elif name != "certifiable" and ("not certifiable" in why or why.startswith("cannot compare")):
+        elif why.startswith("unknown: ") or (name != "certifiable" and ("not certifiable" in why
+                                                                          or why.startswith("cannot compare"))):
             brief = "unknown"
         elif name == "beats_champion":
             brief = "lower"

@@ -27,3 +27,8 @@ def register_external(recipe: str, model_uri: str, run_id: str, input_sha256: di
         raise InputError(f"--model-uri {model_uri}: MLflow refused it as a model version's source "
                          f"({str(e).splitlines()[0]})") from None
     return str(mv.version)
+
+
+def unregister(version: str) -> None:
+    """Delete a version register_external made, when the run that made it failed before certifying it."""
+    client().delete_model_version(REGISTERED_MODEL, str(version))
