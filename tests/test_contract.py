@@ -23,7 +23,8 @@ from rlhf_mlflow.core import process
 from rlhf_mlflow.core import records as D
 from rlhf_mlflow.core.errors import InputError
 from rlhf_mlflow.core.world_paths import WorldPaths
-from rlhf_mlflow.decisions.label_requests import check_labels, draw_requests, read_label_files, read_labels
+from rlhf_mlflow.decisions.label_requests import check_labels, read_label_files, read_labels
+from rlhf_mlflow.evidence.label_requests import draw_requests
 from rlhf_mlflow.tracking import runs as T
 from rlhf_mlflow.world import corruptions as C
 from rlhf_mlflow.world.annotator import label_requests

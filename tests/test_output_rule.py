@@ -25,7 +25,7 @@ TINY = ["--steps", 2, "--log-every", 1, "--batch-prompts", 4, "--samples-per-pro
 
 def _labels(world: str, tmp_path) -> str:
     """Expert labels on the reference policy's own responses (the synthetic expert), two per family."""
-    from rlhf_mlflow.decisions.label_requests import draw_requests
+    from rlhf_mlflow.evidence.label_requests import draw_requests
     from rlhf_mlflow.world.annotator import label_requests
     paths = WorldPaths.at(world)
     requests = draw_requests(M.load_policy(paths.policy)[0], D.read_jsonl(paths.expert_set, labelled=True), 2)
