@@ -1,5 +1,5 @@
 """The `dev_eval` step: the seed's dev evaluation of a policy (a checkpoint, a models:/ URI of any pyfunc
-model that speaks tracking/pyfunc_policy.py's frame contract, or any implementation of core/protocol.py
+model that speaks tracking/pyfunc_protocol.py's frame contract, or any implementation of core/protocol.py
 named by `--policy-impl`) as an MLflow run, linked to the policy's LoggedModel when it has one: the summary
 numbers as `dev/...` metrics, per family a table and a figure."""
 from __future__ import annotations
@@ -14,7 +14,7 @@ from rlhf_mlflow.steps.figures import family_bars
 from rlhf_mlflow.steps.outputs import check_out
 from rlhf_mlflow.tracking import metric_names as MN
 from rlhf_mlflow.tracking import runs as T
-from rlhf_mlflow.tracking.pyfunc_policy import resolve
+from rlhf_mlflow.tracking.pyfunc_protocol import resolve
 from rlhf_mlflow.training.evaluate import dev_eval
 
 

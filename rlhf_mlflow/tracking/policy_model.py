@@ -1,6 +1,6 @@
 """The policy as an MLflow pyfunc model: prompt records in, sampled responses and log-probs out (or the
 log-probs of responses given with the prompts: the model protocol's two questions, core/protocol.py;
-tracking/pyfunc_policy.py asks them of any pyfunc model that answers them so).
+tracking/pyfunc_protocol.py asks them of any pyfunc model that answers them so).
 
 The checkpoint travels inside the model as safetensors + config.json; the library code travels
 with it (code_paths), so `mlflow.pyfunc.load_model` works wherever torch is installed.

@@ -21,11 +21,9 @@ from rlhf_mlflow.tracking.metric_logger import flush_async
 
 log = logging.getLogger(__name__)
 
-# A progress bar per tiny artifact download and a warning per logged dataset input drown the steps'
-# own output (main downloads dozens); a user's own setting wins.
+# A progress bar per tiny artifact download drowns the steps' own output (main downloads dozens); a
+# user's own setting wins.
 os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
-warnings.filterwarnings("ignore", message="The specified dataset source can be interpreted in multiple ways",
-                        category=UserWarning)
 
 MAX_PARAM = 6000
 
@@ -144,11 +142,20 @@ def log_metrics(metrics: dict, step: int | None = None, model_id: str | None = N
     mlflow.log_metrics(checked(metrics), step=step, model_id=model_id)
 
 
+def _local_source(path: str):
+    """The dataset source of a local file. MLflow 3.17 registers two local-file source classes (for the
+    schemes "" and "file"), so resolving a plain path warns that it is ambiguous; take the first that
+    resolves it, which is the one MLflow would pick after warning."""
+    from mlflow.data.dataset_source_registry import get_registered_sources
+    raw = os.path.abspath(path)
+    return next(s for s in get_registered_sources() if s._can_resolve(raw))._resolve(raw)
+
+
 def log_records_input(records: list[dict], path: str, context: str) -> None:
     """Record the validated records the run read from a JSONL file (data.read_jsonl) as an MLflow
     dataset input (name, digest, source); the file itself is not parsed again."""
     import pandas as pd
-    ds = mlflow.data.from_pandas(pd.DataFrame.from_records(records), source=os.path.abspath(path),
+    ds = mlflow.data.from_pandas(pd.DataFrame.from_records(records), source=_local_source(path),
                                  name=os.path.basename(path))
     mlflow.log_input(ds, context=context)
 

@@ -7,7 +7,7 @@ speaks (tracking/policy_model.py):
     predict(DataFrame[id, family, attrs, response]) -> the same columns, `response` as given and `logprob`
         its log-probability under the policy (nothing sampled).
 
-`load` is the factory `--policy-impl rlhf_mlflow.tracking.pyfunc_policy:load` names; `resolve` is how a step
+`load` is the factory `--policy-impl rlhf_mlflow.tracking.pyfunc_protocol:load` names; `resolve` is how a step
 opens what `--policy` names: a checkpoint directory or a models:/ / runs:/ URI of one of our versions as
 our Policy (the same numbers as ever), any other logged model through `predict`. Its random stream is a
 seed drawn from the caller's generator, so its samples are reproducible but not our sampler's."""
