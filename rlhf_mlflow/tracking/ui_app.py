@@ -59,11 +59,12 @@ def served(store_uri: str, cwd: str, timeout: float = 120) -> Iterator[str]:
     """`mlflow server --app-name rlhf` on `store_uri`, on a free loopback port, run from `cwd` (with
     this interpreter); yields its URL once /health answers, and stops it on exit. RuntimeError when it
     does not answer within `timeout` seconds."""
-    from rlhf_mlflow.tracking.server import free_port
+    from rlhf_mlflow.tracking.server import free_port, server_env
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--app-name", "rlhf", "--backend-store-uri",
                              store_uri, "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
-                            cwd=os.fspath(cwd), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                            cwd=os.fspath(cwd), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env=server_env())
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.time() + timeout
