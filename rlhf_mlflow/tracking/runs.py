@@ -7,7 +7,6 @@ import logging
 import os
 import signal
 import tempfile
-import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 
