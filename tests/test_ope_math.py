@@ -58,6 +58,20 @@ def test_pareto_khat_separates_light_and_heavy_weight_tails():
     assert O.pareto_khat(np.zeros(100)) == -math.inf        # equal weights: no tail
 
 
+def test_tied_weights_are_no_tail_to_fit():
+    """Zero excesses (weights tied at the cutoff) are not a tail: the fit through them gave 35 and 333."""
+    few = np.zeros(300)
+    few[:3] = 1.0                                            # three weights of e among 297 equal ones
+    assert O.pareto_khat(few) == -math.inf
+    rounded = np.zeros(300)
+    rounded[:30] = 1e-7 * np.random.default_rng(0).integers(1, 3, 30)   # a policy a hair from the reference
+    assert O.pareto_khat(rounded) < 0.7
+    # a real tail beside ties is still found: Lomax (k = 1.2) weights above a block of equal ones
+    lw = np.log(np.random.default_rng(1).pareto(1.0 / 1.2, 2000) + 1.0)
+    lw[:500] = lw.min()
+    assert O.pareto_khat(lw) == pytest.approx(1.2, abs=0.2)
+
+
 def test_population_ess_is_n_over_the_policys_mean_weight():
     n = 100
     assert O.population_ess(np.zeros(50), n) == pytest.approx(n)          # pi = pi_ref
