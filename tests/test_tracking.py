@@ -6,6 +6,7 @@ import os
 
 import mlflow
 import pandas as pd
+import pytest
 import yaml
 from click.testing import CliRunner
 
@@ -185,8 +186,48 @@ def test_a_logged_dataset_input_says_nothing_and_names_its_file(tmp_path, tracki
     from rlhf_mlflow.tracking import runs as T
     path = tmp_path / "prompts.jsonl"
     path.write_text('{"id": "p-0", "family": "anvil"}\n')
+    mlflow.set_experiment("dataset-input")
     with mlflow.start_run() as run, warnings.catch_warnings():
         warnings.simplefilter("error", UserWarning)
         T.log_records_input([{"id": "p-0", "family": "anvil"}], str(path), "training")
     (inp,) = mlflow.get_run(run.info.run_id).inputs.dataset_inputs
     assert inp.dataset.name == "prompts.jsonl" and str(path) in inp.dataset.source
+
+
+def _log_the_same_input(uri: str, path: str, barrier, results) -> None:
+    """One writer of test_runs_logging_the_same_file_at_once_all_record_it: a run that logs `path` as
+    its input the moment every other writer is ready to."""
+    from rlhf_mlflow.tracking import runs as T
+    mlflow.set_tracking_uri(uri)
+    with mlflow.start_run(experiment_id=mlflow.get_experiment_by_name("race").experiment_id) as run:
+        barrier.wait()
+        try:
+            T.log_records_input([{"id": "p-0", "family": "anvil"}], path, "training")
+            results.put(run.info.run_id)
+        except Exception as e:  # reported to the test, which names it
+            results.put(f"{type(e).__name__}: {str(e)[:200]}")
+
+
+@pytest.mark.slow  # ~30 s: twelve processes
+def test_runs_logging_the_same_file_at_once_all_record_it(tmp_path):
+    """A sweep's trials log the same prompt file at the same moment: MLflow looks the dataset up and
+    inserts it in two statements, and three times in four one of four writers failed on the datasets
+    table's unique key (the slow sweep test's trial died of it). Four real processes on a sqlite store."""
+    import multiprocessing
+    ctx = multiprocessing.get_context("spawn")
+    for store in range(3):  # a fresh store each time: the race is on the dataset's first insert
+        uri = f"sqlite:///{tmp_path}/mlflow-{store}.db"
+        mlflow.MlflowClient(uri).create_experiment("race", artifact_location=str(tmp_path / f"artifacts-{store}"))
+        path = tmp_path / "prompts.jsonl"
+        path.write_text('{"id": "p-0", "family": "anvil"}\n')
+        barrier, results = ctx.Barrier(4), ctx.Queue()
+        writers = [ctx.Process(target=_log_the_same_input, args=(uri, str(path), barrier, results))
+                   for _ in range(4)]
+        for w in writers:
+            w.start()
+        got = [results.get(timeout=120) for _ in writers]
+        for w in writers:
+            w.join(timeout=60)
+        client = mlflow.MlflowClient(uri)
+        assert all(len(g) == 32 for g in got), (store, got)
+        assert all(len(client.get_run(g).inputs.dataset_inputs) == 1 for g in got)

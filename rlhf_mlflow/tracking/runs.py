@@ -7,6 +7,7 @@ import logging
 import os
 import signal
 import tempfile
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -156,7 +157,27 @@ def log_records_input(records: list[dict], path: str, context: str) -> None:
     import pandas as pd
     ds = mlflow.data.from_pandas(pd.DataFrame.from_records(records), source=_local_source(path),
                                  name=os.path.basename(path))
-    mlflow.log_input(ds, context=context)
+    for attempt in range(DATASET_INSERT_TRIES):
+        try:
+            mlflow.log_input(ds, context=context)
+            return
+        except mlflow.exceptions.MlflowException as e:
+            if attempt == DATASET_INSERT_TRIES - 1 or not _lost_insert_race(e):
+                raise
+            time.sleep(0.1 * (attempt + 1))
+
+
+DATASET_INSERT_TRIES = 4
+"""MLflow's database stores look a dataset up and insert it if missing in two statements: runs logging
+the same file at the same moment (a sweep's trials, main's side-by-side candidates) both insert, and the
+second fails on the datasets table's unique key (seen 3 times in 4 with four writers on sqlite). Its retry
+finds the row and only links it to the run."""
+
+
+def _lost_insert_race(e: Exception) -> bool:
+    text = str(e)
+    return "UNIQUE constraint failed: datasets." in text or (
+        "duplicate key value violates unique constraint" in text and "datasets" in text)
 
 
 def log_json_artifact(obj, name: str, artifact_path: str | None = None) -> str:
