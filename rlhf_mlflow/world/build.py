@@ -25,7 +25,7 @@ from rlhf_mlflow.core import vocab as V
 from rlhf_mlflow.core.errors import InputError, read_json
 from rlhf_mlflow.core.files import BUILD_WORLD, Owner, atomic_dir, atomic_write_json, atomic_write_text
 from rlhf_mlflow.core.vocab import PILOT_MIX
-from rlhf_mlflow.core.digest import digest_of
+from rlhf_mlflow.core.digest import digest_of, dir_files
 from rlhf_mlflow.core.world_paths import WorldPaths, world_files
 from rlhf_mlflow.training.rl_config import RLConfig
 from rlhf_mlflow.training.train_rm import RMConfig, train_rm
@@ -150,7 +150,7 @@ def build_world(out_dir: str, seed: int = 0, spec: list[dict] | None = None, sca
         timings["total_s"] = time.perf_counter() - t0
         manifest = {"world_hash": world_hash(cfg, spec), "builder_version": BUILDER_VERSION, "seed": cfg.seed,
                     "scale": scale, "spec": spec, "config": asdict(cfg), "timings": timings,
-                    "files": _file_hashes(tmp), "world_sha256": digest_of(world_files(world))}
+                    "files": dir_files(tmp), "world_sha256": digest_of(world_files(world))}
         atomic_write_json(world.path("manifest"), manifest)
     say(f"world {manifest['world_hash']} built in {timings['total_s']:.0f}s at {out_dir}")
     return manifest
@@ -195,16 +195,6 @@ def _annotate(world: WorldPaths, cfg: WorldConfig, spec: list[dict], truth: Trut
     D.write_jsonl(world.expert_set, _records("gold", fam, attrs, responses, labels, order=rng.permutation(len(fam))))
     D.write_jsonl(world.qa, qa)
     return crowd
-
-
-def _file_hashes(root: str) -> dict[str, str]:
-    out = {}
-    for dirpath, _, files in os.walk(root):
-        for name in sorted(files):
-            path = os.path.join(dirpath, name)
-            with open(path, "rb") as f:
-                out[os.path.relpath(path, root)] = hashlib.sha256(f.read()).hexdigest()
-    return dict(sorted(out.items()))
 
 
 def ensure_world(cache_dir: str, seed: int = 0, spec: list[dict] | None = None, scale: str = "full",
