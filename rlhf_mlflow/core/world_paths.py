@@ -18,7 +18,7 @@ import os
 import re
 from dataclasses import dataclass
 
-from rlhf_mlflow.core.digest import dir_files, file_sha256
+from rlhf_mlflow.core.digest import content_sha256, dir_files, file_sha256
 from rlhf_mlflow.core.errors import InputError, read_json
 
 LAYOUT = {"policy": "policy", "reward_model": "reward_model", "qa": "reward_model/train.jsonl",
@@ -69,6 +69,11 @@ class WorldPaths:
             raise InputError(f"{self.path('manifest')}: not a world builder's manifest (its 'world_hash' and "
                              "'world_sha256' must be hex digests)")
         return manifest
+
+    def build_hash(self) -> str:
+        """The manifest's `world_hash` (the build's settings); for a world built elsewhere, which has no
+        manifest, the first 16 hex digits of its reward model's content hash."""
+        return (self.manifest() or {}).get("world_hash") or content_sha256(self.reward_model)[:16]
 
     def params(self) -> dict:
         """What a run records of its world's name: its path, and when built here its seed, build hash

@@ -58,13 +58,9 @@ class SettingsMismatch(InputError):
                          + "; ".join(why for _, why in problems))
 
 
-def world_hash(world: WorldPaths) -> str:
-    return (world.manifest() or {}).get("world_hash") or content_sha256(world.reward_model)[:16]
-
-
 def settings(world: WorldPaths, steps_scale: float, label_budget: int, rounds: int, guardrails: dict | None) -> dict:
     """What a resume must match (and the world's path, which it may not)."""
-    return json.loads(json.dumps({"world": world.root, "world_hash": world_hash(world), "steps_scale": float(steps_scale),
+    return json.loads(json.dumps({"world": world.root, "world_hash": world.build_hash(), "steps_scale": float(steps_scale),
                                   "label_budget": int(label_budget), "rounds": int(rounds),
                                   "guardrails": dict(sorted((guardrails or {}).items()))}))
 

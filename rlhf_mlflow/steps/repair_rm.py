@@ -35,10 +35,6 @@ from rlhf_mlflow.tracking.metric_logger import MetricLogger
 from rlhf_mlflow.training import repair_rm as RR
 
 
-def _world_hash(world: WorldPaths) -> str:
-    return (world.manifest() or {}).get("world_hash") or content_sha256(world.reward_model)[:16]
-
-
 def _checked_labels(world: WorldPaths, labels: list[str]) -> list[dict]:
     rows = read_label_files(labels)
     prompts = {p: D.read_jsonl(p) for p in (world.expert_set, world.prompts_train, world.prompts_dev)}
@@ -64,7 +60,7 @@ def _parent(world: WorldPaths, digest: str, parent_version: str | None, tmp: str
 
 def _register_root(world: WorldPaths, run_id: str, replaces: str | None) -> str:
     """The world's own reward model as the root version of its lineage (production when none is)."""
-    h = _world_hash(world)
+    h = world.build_hash()
     T.log_artifact(world.reward_model, "world_reward_model")
     text = f"World {h}'s own reward model: the root of its repairs."
     version = RMR.register(run_id, world.reward_model, {"world_hash": h, "parent_version": "none",
@@ -117,7 +113,7 @@ def run_repair_rm(world: WorldPaths, labels: list[str], out: str, diagnostic: st
         T.log_artifact(out, RMR.ARTIFACT)
         parent = parent or _register_root(world, run.info.run_id, replaces)
         T.set_tags({"rlhf.rm.parent_version": parent, "rlhf.rm.replaces": replaces or "none"})
-        version = RMR.register(run.info.run_id, out, {"world_hash": _world_hash(world), "parent_version": parent,
+        version = RMR.register(run.info.run_id, out, {"world_hash": world.build_hash(), "parent_version": parent,
                                                      "replaces": replaces or "none",
                                                      "recipe": f"repair e{cfg.epochs} lr{cfg.lr:g} crowd{cfg.crowd_weight:g}"
                                                                + (f" head{cfg.head_alpha:g}" if cfg.label_head else ""),
