@@ -40,6 +40,18 @@ def _impl_options(ap: argparse.ArgumentParser, reward: bool = True) -> None:
         ap.add_argument("--reward-impl", default=None, help=IMPL_HELP.format("reward model", "reward model"))
 
 
+def _certify_config_options(ap: argparse.ArgumentParser) -> None:
+    """The CertifyConfig options certify and certify_table share (read back by _certify_config)."""
+    ap.add_argument("--min-labels", type=int, default=20, help="labels a family needs to be certified from them")
+    ap.add_argument("--label-looks", type=int, default=1, help="rounds of labels looked at (union bound)")
+    ap.add_argument("--seed", type=int, default=0)
+
+
+def _certify_config(a: argparse.Namespace):
+    from rlhf_mlflow.decisions.certify import CertifyConfig
+    return CertifyConfig(seed=a.seed, min_labels=a.min_labels, label_looks=a.label_looks)
+
+
 def certify_main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m rlhf_mlflow.certify",
                                  description="Off-policy certification of a policy's true quality per family.")
@@ -52,18 +64,15 @@ def certify_main(argv: list[str] | None = None) -> int:
     ap.add_argument("--diagnostic", default=None, help="diagnostic evidence JSON (shortcut counts)")
     ap.add_argument("--pilot-prompts", default=None, help="prompt file whose family mix defines `pilot`")
     ap.add_argument("--policy-labels", default=None, help="expert labels on the policy's own responses (JSONL)")
-    ap.add_argument("--min-labels", type=int, default=20, help="labels a family needs to be certified from them")
-    ap.add_argument("--label-looks", type=int, default=1, help="rounds of labels looked at (union bound)")
-    ap.add_argument("--seed", type=int, default=0)
+    _certify_config_options(ap)
     _impl_options(ap)
     a = ap.parse_args(argv)
 
     def work() -> dict:
-        from rlhf_mlflow.decisions.certify import CertifyConfig
         from rlhf_mlflow.evidence.certify import certify
-        cfg = CertifyConfig(seed=a.seed, min_labels=a.min_labels, label_looks=a.label_looks)
         return certify(a.policy, a.reference, a.gold, rm_dir=a.rm_dir, correction=a.correction,
-                       diagnostic=a.diagnostic, pilot_prompts=a.pilot_prompts, cfg=cfg, policy_labels=a.policy_labels,
+                       diagnostic=a.diagnostic, pilot_prompts=a.pilot_prompts, cfg=_certify_config(a),
+                       policy_labels=a.policy_labels,
                        policy_impl=a.policy_impl, reward_impl=a.reward_impl)
     return _run(work, a)
 
@@ -78,19 +87,16 @@ def certify_table_main(argv: list[str] | None = None) -> int:
     ap.add_argument("--expert-set", default=None, help="labelled reference samples (the reference's quality)")
     ap.add_argument("--diagnostic", default=None, help="diagnostic evidence JSON (shortcut counts)")
     ap.add_argument("--out", required=True, help="where to write the certification JSON")
-    ap.add_argument("--min-labels", type=int, default=20, help="labels a family needs to be certified from them")
-    ap.add_argument("--label-looks", type=int, default=1, help="rounds of labels looked at (union bound)")
-    ap.add_argument("--seed", type=int, default=0)
+    _certify_config_options(ap)
     a = ap.parse_args(argv)
 
     def work() -> dict:
         import os
 
-        from rlhf_mlflow.decisions.certify import CertifyConfig
         from rlhf_mlflow.decisions.table_certify import table_report
         inputs = {k: os.path.abspath(v) for k, v in vars(a).items()
                   if k in ("samples", "labels", "expert_set", "diagnostic") and v}
-        return table_report(inputs, CertifyConfig(seed=a.seed, min_labels=a.min_labels, label_looks=a.label_looks))
+        return table_report(inputs, _certify_config(a))
     return _run(work, a)
 
 
