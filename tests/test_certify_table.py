@@ -15,6 +15,7 @@ import torch
 from click.testing import CliRunner
 from test_certify import sharpened
 
+from cli_checks import fails as _fails
 from rlhf_mlflow.cli import cli
 from rlhf_mlflow.core import model as M
 from rlhf_mlflow.core import records as D
@@ -110,13 +111,6 @@ def test_the_table_certifies_our_own_policy_as_certify_does(tiny_world, tmp_path
 
 def _bad(tmp_path, rows, name="samples.jsonl") -> str:
     return _write(tmp_path / name, rows)
-
-
-def _fails(res, *needles):
-    assert res.exit_code == 1 and "Traceback" not in res.output, res.output
-    (line,) = [x for x in res.output.splitlines() if x.startswith("Error:")]
-    for needle in needles:
-        assert needle in line, line
 
 
 ROW = {"id": "a", "family": "dune", "prompt": "p1", "response": "r", "score": 0.5}

@@ -16,6 +16,7 @@ import mlflow
 import pytest
 from click.testing import CliRunner
 
+from cli_checks import fails
 from rlhf_mlflow.cli import cli, interrupted_message
 from rlhf_mlflow.cli.portable import certify_main
 from rlhf_mlflow.core import model as M
@@ -59,15 +60,8 @@ def _run(*args):
 
 
 def _fails(res, *needles: str) -> str:
-    """The command failed the way a user should see it: exit 1 (our error) or 2 (click's usage error), one
-    `Error:` line holding every needle, no traceback."""
-    assert res.exit_code in (1, 2), res.output
-    assert isinstance(res.exception, SystemExit), repr(res.exception)
-    assert "Traceback" not in res.output
-    (line,) = [x for x in res.output.splitlines() if x.startswith("Error:")]
-    for needle in needles:
-        assert needle in line, line
-    return line
+    """exit 1 (our error) or 2 (click's usage error): cli_checks.fails."""
+    return fails(res, *needles, codes=(1, 2))
 
 
 def _files(*roots) -> dict:

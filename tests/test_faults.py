@@ -16,6 +16,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
+from cli_checks import fails as _fails
 from rlhf_mlflow.cli import cli
 from rlhf_mlflow.core import checkpoint, files
 from rlhf_mlflow.core import model as M
@@ -29,17 +30,6 @@ UNWRITABLE = "/proc/rlhf-x"  # /proc accepts no new files, even from root
 
 def _run(*args):
     return CliRunner().invoke(cli, [str(a) for a in args])
-
-
-def _fails(res, *needles: str) -> str:
-    """The command failed the way a user should see it: exit 1, one `Error:` line, no traceback."""
-    assert res.exit_code == 1, res.output
-    assert isinstance(res.exception, SystemExit), repr(res.exception)  # click's exit, not an escaped error
-    assert "Traceback" not in res.output
-    (line,) = [x for x in res.output.splitlines() if x.startswith("Error:")]
-    for needle in needles:
-        assert needle in line, line
-    return line
 
 
 def _runs(step: str) -> list:
@@ -392,7 +382,6 @@ def test_bad_policy_config_fails_train_rl_without_a_version(tiny_world, tmp_path
     bad = _bad_config(tmp_path, tiny_world, "policy", resp_len=100)
     _fails(_run("train-rl", "--world", tiny_world, *TINY, "--policy-init", bad), "'resp_len' must be 8")
     assert [r.info.status for r in _runs("train_rl")] == ["FAILED"] and not _versions()
-
 
 
 @pytest.mark.parametrize("manifest, needle", [

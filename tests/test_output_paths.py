@@ -14,6 +14,7 @@ import pytest
 from click.testing import CliRunner
 from mlflow.entities import ViewType
 
+from cli_checks import fails as _fails
 from rlhf_mlflow.cli import cli
 from rlhf_mlflow.core import files
 from rlhf_mlflow.core.errors import InputError
@@ -24,17 +25,6 @@ TINY = ["--steps", 2, "--log-every", 1, "--batch-prompts", 4, "--samples-per-pro
 
 def _run(*args):
     return CliRunner().invoke(cli, [str(a) for a in args])
-
-
-def _fails(res, *needles: str) -> str:
-    """Exit 1 with one `Error:` line naming every needle, and no traceback."""
-    assert res.exit_code == 1, res.output
-    assert isinstance(res.exception, SystemExit), repr(res.exception)
-    assert "Traceback" not in res.output
-    (line,) = [x for x in res.output.splitlines() if x.startswith("Error:")]
-    for needle in needles:
-        assert needle in line, line
-    return line
 
 
 def _ok(res) -> dict:
