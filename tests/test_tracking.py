@@ -125,6 +125,8 @@ def test_mlproject_click_and_config_agree():
         kind = str if field.name == "family_weights" else type(default)
         assert params[field.name]["type"] == mltype[kind], field.name
         assert f"--{field.name.replace('_', '-')} {{{field.name}}}" in project["entry_points"]["train_rl"]["command"]
+    # every command is an entry point but the store's own tools
+    assert {n.replace("_", "-") for n in project["entry_points"]} == set(cli.commands) - {"runs", "server"}
     for name, spec in project["entry_points"].items():
         cmd = cli.commands[name.replace("_", "-")]
         names = {p.name for p in cmd.params}
