@@ -96,6 +96,9 @@ def test_the_table_certifies_our_own_policy_as_certify_does(tiny_world, tmp_path
     ours = certify(policy, world.policy, world.expert_set, rm_dir=world.reward_model, policy_labels=labels)
     tables = export_tables(policy, world, labels, tmp_path)
     theirs = table_report(tables)
+    used = theirs["labels_used"]  # every label of the table named, with the samples it was bought on
+    assert used["sha256"] == theirs["input_sha256"]["labels"] and used["bought_on"]["samples"] == tables["samples"]
+    assert sum(len(v) for v in used["ids"].values()) == used["labels"] == len(open(labels).readlines())
     evidence = {r.get("evidence") for r in ours["families"].values()}
     assert any("policy labels" in str(e) for e in evidence), evidence  # the labelled path is exercised
     for f in [*V.FAMILIES, "balanced"]:

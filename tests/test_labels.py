@@ -3,6 +3,7 @@ by simulation, and label-requests -> expert-label -> certify -> release on a rea
 kind of bad labels file refused (run FAILED, version untagged)."""
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 
@@ -197,6 +198,13 @@ def test_labels_certify_a_policy_the_expert_set_cannot_and_release_promotes_it(t
         "dune"] == 20
     report = json.load(open(mlflow.artifacts.download_artifacts(run_id=run.info.run_id,
                                                                 artifact_path="certification.json")))
+    used = report["labels_used"]  # every label named: its file, the file's sha256, the answers it was bought on
+    assert used["file"] == os.path.abspath(labels) and used["sha256"] == hashlib.sha256(open(labels, "rb").read()).hexdigest()
+    assert used["bought_on"] == {"registered_model": REGISTERED_MODEL, "model_version": far,
+                                 "label_requests_run": mv.tags["label_requests.run_id"]}
+    assert sorted(i for ids in used["ids"].values() for i in ids) == sorted(json.loads(x)["id"] for x in open(labels))
+    assert f"bought on version {far}'s answers" in open(mlflow.artifacts.download_artifacts(
+        run_id=run.info.run_id, artifact_path="certification.md")).read()
     oracle, policy = Oracle(tiny_world), M.load_policy(sharpened(tiny_world, str(tmp_path / "again")))[0]
     truth = oracle.grade_policy(policy, D.read_jsonl(WorldPaths(tiny_world).expert_set, labelled=True), n=32)
     for f, row in report["families"].items():

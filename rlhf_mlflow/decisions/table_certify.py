@@ -85,6 +85,13 @@ def table_report(inputs: dict, cfg: CertifyConfig = CertifyConfig(), shortcuts: 
     report["input_sha256"] = {k: content_sha256(v) for k, v in report["inputs"].items() if v}
     if inputs.get("expert_set"):
         report["input_sha256"]["gold"] = report["input_sha256"]["expert_set"]  # what champions are compared on
+    family_of = {r["id"]: r["family"] for r in samples}
+    ids: dict[str, list[str]] = {}
+    for rid in labels:
+        ids.setdefault(family_of[rid], []).append(rid)
+    report["labels_used"] = {"file": inputs["labels"], "sha256": report["input_sha256"]["labels"], "labels": len(labels),
+                             "bought_on": {"samples": inputs["samples"], "samples_sha256": report["input_sha256"]["samples"]},
+                             "ids": ids}
     return report
 
 

@@ -159,7 +159,7 @@ def run_certify(version: str | None = None, policy: str | None = None, world: Wo
             policy, model_id = REG.download_policy(version)
         if wrapper:
             T.log_bytes(wrapper.source, os.path.basename(wrapper.path), "correction")
-        labels = _checked_labels(inputs.get("policy_labels"), version)
+        labels, bought_on = _checked_labels(inputs.get("policy_labels"), version)
         report = EC.certify(policy, inputs["reference"], inputs["gold"], rm_dir=inputs.get("rm_dir"),
                             correction=wrapper, diagnostic=diagnostic, pilot_prompts=inputs.get("pilot_prompts"),
                             cfg=cfg, policy_labels=inputs.get("policy_labels"), policy_impl=policy_impl,
@@ -167,6 +167,8 @@ def run_certify(version: str | None = None, policy: str | None = None, world: Wo
         T.log_params({RULES_PARAM: rules_sha256(report.get("shortcut_rules"))})  # what release checks them by
         report["subject"] = ({"registered_model": REG.REGISTERED_MODEL, "model_version": str(version),
                               "model_id": model_id} if version else {"policy": policy})
+        if labels:
+            report["labels_used"] = labels_used(inputs["policy_labels"], labels, bought_on)
         _log_report(report, model_id, labels, out)
         sha = T.log_json_artifact(report, REG.CERT_ARTIFACT)
         if version:  # last: a failure above leaves the version untagged
@@ -176,15 +178,31 @@ def run_certify(version: str | None = None, policy: str | None = None, world: Wo
     return {"run_id": run.info.run_id, "report": report}
 
 
-def _checked_labels(path: str | None, version: str | None) -> list[dict]:
-    """Policy labels as given, checked (and, for a version, against the requests logged for it)."""
+def _checked_labels(path: str | None, version: str | None) -> tuple[list[dict], dict]:
+    """Policy labels as given, checked (and, for a version, against the requests logged for it), and
+    what they were bought on: the version and the label_requests run whose requests they answer (a plain
+    checkpoint's labels were checked against nothing: they name the checkpoint)."""
     if not path:
-        return []
+        return [], {}
     labels = D.read_jsonl(path, labelled=True, scale=D.EXPERT)
-    requests = REG.label_requests_for(REG.get_version(version)) if version else None
+    mv = REG.get_version(version) if version else None
+    requests = REG.label_requests_for(mv) if mv is not None else None
     check_labels(labels, requests, path)
     T.log_records_input(labels, path, "policy_labels")
-    return labels
+    bought_on = ({"registered_model": REG.REGISTERED_MODEL, "model_version": str(version),
+                  "label_requests_run": mv.tags.get("label_requests.run_id")} if mv is not None
+                 else {"policy": "the --policy checkpoint (labels not checked against logged requests)"})
+    return labels, bought_on
+
+
+def labels_used(path: str, labels: list[dict], bought_on: dict) -> dict:
+    """What a report says of the expert labels it used: the file and its sha256, which policy's answers
+    they were bought on (`bought_on`), and every label's id per family."""
+    ids: dict[str, list[str]] = {}
+    for rec in labels:
+        ids.setdefault(rec["family"], []).append(str(rec["id"]))
+    return {"file": os.path.abspath(path), "sha256": content_sha256(path), "labels": len(labels),
+            "bought_on": bought_on, "ids": ids}
 
 
 def _log_report(report: dict, model_id: str | None, labels: list[dict], out: str | None) -> None:

@@ -70,6 +70,7 @@ def _record(report: dict, version: str, registered: bool, run_id: str, out: str 
     certification tags, last."""
     report["subject"] = {"registered_model": REG.REGISTERED_MODEL, "model_version": str(version),
                          "model_id": getattr(REG.get_version(version), "model_id", None)}
+    report["labels_used"]["bought_on"].update(report["subject"])  # the samples are this version's answers
     if registered:
         T.log_params({"model_version": str(version)})
     n_labels = sum(r.get("labels", 0) or 0 for r in report["families"].values())

@@ -32,7 +32,19 @@ def certification_markdown(report: dict) -> str:
              "bootstrap interval); ESS = its effective sample size. Expert labels: PPI++ on labels of the "
              "policy's own answers; both: one estimate weighted by their variances. Every number: "
              "certification_table.json.\n\n")
-    return title + about + head + "\n".join(lines) + "\n"
+    return title + about + head + "\n".join(lines) + "\n" + _labels_line(report.get("labels_used"))
+
+
+def _labels_line(used: dict | None) -> str:
+    """Where the expert labels a report used came from (its `labels_used`: every id is there)."""
+    if not used:
+        return ""
+    on = used["bought_on"]
+    whose = (f"version {on['model_version']}'s answers" if on.get("model_version") else "the policy's answers")
+    whence = (f" (label requests of run {on['label_requests_run']})" if on.get("label_requests_run")
+              else f" (rows of {on['samples']}, sha256 {on['samples_sha256'][:12]})" if on.get("samples") else "")
+    return (f"\nExpert labels: {used['labels']} from {used['file']} (sha256 {used['sha256'][:12]}), bought on "
+            f"{whose}{whence}; every label's id: the report's `labels_used`.\n")
 
 
 def evidence_words(row: dict) -> str:
