@@ -15,13 +15,43 @@ import pytest
 
 from rlhf_mlflow.core import records as D
 from rlhf_mlflow.core.world_paths import WorldPaths
-from rlhf_mlflow.steps.main_rounds import labels_so_far, recipe_of
+from rlhf_mlflow.steps.main_labels import note_purchase, predicted_balanced, purchase_metrics, purchases, purchases_markdown
+from rlhf_mlflow.steps.main_rounds import labels_so_far, recipe_of, round_of
 from rlhf_mlflow.tracking import rm_registry as RMR
 
 
-def test_a_candidate_name_gives_back_its_recipe():
+def test_a_candidate_name_gives_back_its_recipe_and_round():
     assert recipe_of("r2-corrected-kl005-s1200") == "corrected-kl005-s1200"
     assert recipe_of("corrected-s800") == "corrected-s800" and recipe_of("rx-a") == "rx-a"
+    assert [round_of(n) for n in ("r2-corrected-s800", "r12-x", "corrected-s800", "rx-a")] == [2, 12, 1, 1]
+
+
+def test_the_label_ledger_says_what_each_purchase_bought_for_what(tmp_path):
+    """Each purchase once (a look bought again after a resume replaces its row), per family, per purpose."""
+    row = {"family": "anvil", "attrs": [0, 1, 2, 3], "response": ["ba"] * 8, "label": 0.5}
+    certify = str(tmp_path / "labels-v1.jsonl")
+    D.write_jsonl(certify, [{**row, "id": f"c{i}"} for i in range(3)])
+    note_purchase(str(tmp_path), "certify", 1, "1", certify)
+    D.write_jsonl(certify, [{**row, "id": f"c{i}", "family": f} for i, f in enumerate(["anvil", "birch"] * 3)])
+    note_purchase(str(tmp_path), "certify", 1, "1", certify)   # the next look: the same purchase, grown
+    repair = str(tmp_path / "labels-r2-v1.jsonl")
+    D.write_jsonl(repair, [{**row, "id": f"r{i}", "family": "dune"} for i in range(4)])
+    note_purchase(str(tmp_path), "repair", 2, "1", repair)
+    rows = purchases(str(tmp_path))
+    assert [(r["purpose"], r["round"], r["labels"]) for r in rows] == [("certify", 1, 6), ("repair", 2, 4)]
+    assert rows[0]["families"] == {"anvil": 3, "birch": 3} and purchase_metrics(rows) == {
+        "expert_labels/certify": 6.0, "expert_labels/repair": 4.0}
+    text = purchases_markdown(rows)
+    assert "| 2 | repair | v1 | 0 | 0 | 4 | 4 |" in text and "In all 10 (certify 6, repair 4)" in text
+
+
+def test_a_candidate_is_screened_by_its_predicted_balanced_quality():
+    fams = {"anvil": {"estimate": 0.6, "doubly_robust": 0.1}, "birch": {"estimate": None, "doubly_robust": 0.4},
+            "cobalt": {"estimate": None, "doubly_robust": None, "direct": 0.2}}
+    report = {"families": fams, "balanced": {"weights": {"anvil": 0.5, "birch": 0.25, "cobalt": 0.25}}}
+    assert predicted_balanced(report) == pytest.approx(0.5 * 0.6 + 0.25 * 0.4 + 0.25 * 0.2)
+    fams["cobalt"]["direct"] = None
+    assert predicted_balanced(report) is None   # nothing to go on: never a reason to skip
 
 
 def test_labels_so_far_counts_each_request_once(tmp_path):

@@ -44,12 +44,15 @@ def _certify_config_options(ap: argparse.ArgumentParser) -> None:
     """The CertifyConfig options certify and certify_table share (read back by _certify_config)."""
     ap.add_argument("--min-labels", type=int, default=20, help="labels a family needs to be certified from them")
     ap.add_argument("--label-looks", type=int, default=1, help="rounds of labels looked at (union bound)")
+    ap.add_argument("--label-spending", default="", help="or shares of the error budget per look (e.g. 0.7,0.1,0.1,0.1)")
+    ap.add_argument("--label-look", type=int, default=1, help="with --label-spending: which look this is (yours to count)")
     ap.add_argument("--seed", type=int, default=0)
 
 
 def _certify_config(a: argparse.Namespace):
     from rlhf_mlflow.decisions.certify import CertifyConfig
-    return CertifyConfig(seed=a.seed, min_labels=a.min_labels, label_looks=a.label_looks)
+    return CertifyConfig(seed=a.seed, min_labels=a.min_labels, label_looks=a.label_looks, label_spending=a.label_spending,
+                         label_look=a.label_look)
 
 
 def certify_main(argv: list[str] | None = None) -> int:

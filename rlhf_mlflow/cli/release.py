@@ -45,6 +45,9 @@ from rlhf_mlflow.training.recipes import MAX_STEPS_SCALE, check_steps_scale
               help="Policy labels a family needs to be certified from them.")
 @click.option("--label-looks", type=click.IntRange(1, 1000), default=1, show_default=True,
               help="Rounds of labels looked at so far: every interval is union-bounded over them.")
+@click.option("--label-spending", default="", metavar="S1,S2,...",
+              help="Or shares of the error budget per look, fixed before the first (e.g. 0.7,0.1,0.1,0.1; adding up "
+                   "to at most 1): the look is counted from the store's certify runs of the version.")
 @click.option("--out", default=None, help="Also write the certification JSON here.")
 @click.option("--policy-impl", default=None, metavar="MODULE:FACTORY",
               help="Open the policy with another implementation of the model protocol (core/protocol.py): an "
@@ -52,7 +55,7 @@ from rlhf_mlflow.training.recipes import MAX_STEPS_SCALE, check_steps_scale
 @click.option("--reward-impl", default=None, metavar="MODULE:FACTORY",
               help="The same for the reward model (called with --rm-dir).")
 def certify_cmd(model_version, policy, world, reference, gold, rm_dir, correction, diagnostic, pilot_prompts,
-                min_ess, max_khat, seed, policy_labels, min_labels, label_looks, out, policy_impl, reward_impl):
+                min_ess, max_khat, seed, policy_labels, min_labels, label_looks, label_spending, out, policy_impl, reward_impl):
     """Certify a policy's true quality per family from the expert set, as an MLflow run."""
     from rlhf_mlflow.decisions.certify import CertifyConfig
     from rlhf_mlflow.steps.certify import run_certify
@@ -66,7 +69,7 @@ def certify_cmd(model_version, policy, world, reference, gold, rm_dir, correctio
     res = run_certify(version=model_version, policy=policy, world=paths, reference=reference, gold=gold,
                       rm_dir=rm_dir, correction=correction, diagnostic=diagnostic, pilot_prompts=pilot_prompts,
                       cfg=CertifyConfig(min_ess=min_ess, max_khat=max_khat, seed=seed, min_labels=min_labels,
-                                        label_looks=label_looks),
+                                        label_looks=label_looks, label_spending=label_spending),
                       echo=echo_err, out=out, policy_labels=policy_labels, policy_impl=policy_impl,
                       reward_impl=reward_impl)
     echo_json({"run_id": res["run_id"], "balanced": res["report"]["balanced"]})
@@ -139,6 +142,7 @@ def main_cmd(ctx, world, steps_scale, out, label_budget, rounds, guardrails, gua
     its labels again or redoing what it finished."""
     from rlhf_mlflow.steps import main_resume as MR
     from rlhf_mlflow.steps.main import run_main
+    from rlhf_mlflow.steps.main_labels import purchases, purchases_markdown
     from rlhf_mlflow.steps.reports import rounds_markdown, story_markdown
     t0 = time.perf_counter()
     check_steps_scale(steps_scale)  # NaN, inf and 0 refused before anything; a resumed main's stored value below
@@ -163,7 +167,8 @@ def main_cmd(ctx, world, steps_scale, out, label_budget, rounds, guardrails, gua
             raise click.UsageError(str(MR.SettingsMismatch(problems)))
     table = run_main(paths, out, steps_scale, echo=echo_err, label_budget=label_budget,
                      guardrails=overrides, rounds=rounds, resume=resume, overwrite=overwrite)
-    click.echo(story_markdown(table) + rounds_markdown(table.attrs.get("rounds") or [], table))
+    click.echo(story_markdown(table) + rounds_markdown(table.attrs.get("rounds") or [], table)
+               + purchases_markdown(purchases(out)))
     click.echo(f"main finished in {time.perf_counter() - t0:.0f} s")
 
 

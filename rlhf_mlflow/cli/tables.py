@@ -26,17 +26,21 @@ from rlhf_mlflow.cli.options import SEED, echo_err, echo_json, world_option
               help="Labels a family needs to be certified from them.")
 @click.option("--label-looks", type=click.IntRange(1, 1000), default=1, show_default=True,
               help="Rounds of labels looked at so far: every interval is union-bounded over them.")
+@click.option("--label-spending", default="", metavar="S1,S2,...",
+              help="Or shares of the error budget per look, fixed before the first (e.g. 0.7,0.1,0.1,0.1; adding up "
+                   "to at most 1): the look is counted from the store's certify runs of the version.")
 @click.option("--seed", type=SEED, default=0, show_default=True, help="Seed of the bootstrap and folds.")
 @click.option("--out", default=None, help="Also write the certification JSON here.")
 def certify_table_cmd(samples, labels, expert_set, world, diagnostic, model_version, register, model_uri,
-                      min_labels, label_looks, seed, out):
+                      min_labels, label_looks, label_spending, seed, out):
     """Certify a policy trained elsewhere from its samples and expert labels, as a certify run."""
     from rlhf_mlflow.core.world_paths import WorldPaths
     from rlhf_mlflow.decisions.certify import CertifyConfig
     from rlhf_mlflow.steps.certify_table import run_certify_table
     res = run_certify_table(samples, labels, expert_set, diagnostic, model_version, register, model_uri,
                             WorldPaths.at(world) if world else None,
-                            CertifyConfig(min_labels=min_labels, label_looks=label_looks, seed=seed), out=out,
+                            CertifyConfig(min_labels=min_labels, label_looks=label_looks, label_spending=label_spending,
+                                          seed=seed), out=out,
                             echo=echo_err)
     echo_json({"run_id": res["run_id"], "model_version": res["model_version"], "balanced": res["report"]["balanced"]})
 

@@ -33,6 +33,7 @@ from rlhf_mlflow.core.config import check_range, check_seed
 from rlhf_mlflow.core.errors import InputError
 from rlhf_mlflow.decisions import labelled as L
 from rlhf_mlflow.decisions import ope_math as O
+from rlhf_mlflow.decisions import sequential as S
 from rlhf_mlflow.decisions.mixes import aggregate  # noqa: F401 (certify's API)
 from rlhf_mlflow.decisions.overlap import support
 from rlhf_mlflow.decisions.policy_labels import (expert_evidence, label_arrays, label_rule, predictor_arrays,  # noqa: F401
@@ -68,6 +69,14 @@ class CertifyConfig:
     label_looks: int = 1
     """How many times labels bought in rounds are looked at: every interval is union-bounded over them
     (ignored when label_sequential > 0)."""
+    label_spending: str = ""
+    """Shares of the error budget (1 - level) spent at each look of labels bought in rounds, fixed before
+    the first ("0.7,0.1,0.1,0.1": most of it at the first look, where `main` mostly stops), adding up to
+    at most 1: look k's interval is at level 1 - share_k (1 - level), and all looks hold together by the
+    union bound whatever the stopping rule (sequential.spending_shares). "": union-bounded over label_looks."""
+    label_look: int = 1
+    """Which look this certification is (with label_spending): the certify step counts it from the store
+    (tracking/label_looks.py), and release counts it again."""
     label_sequential: int = 0
     """> 0: labels are looked at as they come (after every round, any number of rounds) and a labelled
     interval is the anytime-valid confidence sequence tightest at this many labels per family
@@ -110,6 +119,11 @@ class CertifyConfig:
         check_range("min_labels", self.min_labels, 2, 1_000_000, integer=True)
         check_range("label_looks", self.label_looks, 1, 1000, integer=True)
         check_range("label_sequential", self.label_sequential, 0, 1_000_000, integer=True)
+        check_range("label_look", self.label_look, 1, 1000, integer=True)
+        shares = S.spending_shares(self.label_spending)
+        if shares and self.label_look > len(shares):
+            raise InputError(f"label_look {self.label_look}: label_spending {self.label_spending!r} allows "
+                             f"{len(shares)} looks")
         check_range("label_folds", self.label_folds, 0, 100, integer=True)
         if self.label_folds == 1:
             raise InputError("label_folds must be 0 (the reward model alone) or >= 2 (cross-fitted), got 1")

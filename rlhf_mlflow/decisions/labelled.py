@@ -22,7 +22,11 @@ reference pairs each prompt's unlabelled mean with the reference's expert label 
 (a - y_ref in place of a above).
 
 Labels requested in rounds are looked at after every round: a union bound over the `looks` allowed
-keeps every look's interval valid together (each at level 1 - (1 - level) / looks); or, with
+keeps every look's interval valid together (each at level 1 - (1 - level) / looks); or a spending rule
+fixed before the first look gives look k its own share s_k of the error budget (sum s_k <= 1, so the
+looks hold together by the same union bound, whatever the stopping rule: a weighted Bonferroni), most
+of it where the caller mostly stops (sequential.spending_shares; the look is counted from the store,
+tracking/label_looks.py, not claimed); or, with
 `sequential` > 0, the anytime-valid confidence sequence of sequential.py holds at every look at once,
 however many. Where the expert set can vouch for the family too, the labels join its off-policy evidence
 in one estimate (combine.py; with_policy_labels).
@@ -154,7 +158,7 @@ MAX_SKEW = 0.5
 a third moment from 20-50 labels is itself rough."""
 
 
-def skew_shift(est: PPI, a: np.ndarray, se: float, level: float, looks: int = 1) -> float:
+def skew_shift(est: PPI, a: np.ndarray, se: float, level: float, looks: float = 1) -> float:
     """How far the studentised interval of `est` (with unlabelled per-prompt terms `a`, the mean of a
     plus the mean of the residuals, standard error `se`) moves for the estimate's skewness: Hall (1992,
     sec. 3.5), the quantiles of (theta_hat - theta) / se are z_p - g (2 z_p^2 + 1) / 6 to order 1/sqrt(n),
@@ -178,7 +182,7 @@ def t_quantile(p: float, df: float) -> float:
     return z + g1 / df + g2 / df ** 2 + g3 / df ** 3 + g4 / df ** 4
 
 
-def half_width(se: float, n: int, level: float, looks: int = 1, sequential: int = 0) -> float:
+def half_width(se: float, n: int, level: float, looks: float = 1, sequential: int = 0) -> float:
     """Half the width of the two-sided interval at `level`: Student's t, union-bounded over `looks`; or,
     with `sequential` > 0, the anytime-valid confidence sequence tightest at that many labels
     (sequential.py), valid at whichever look the caller stops."""
@@ -210,7 +214,8 @@ def influence_skew_shift(c: np.ndarray, se: float, level: float) -> float:
 class Rule:
     """How a labelled family's interval is drawn (CertifyConfig's label_* fields)."""
     level: float
-    looks: int = 1
+    looks: float = 1
+    """Looks the error budget is split over (a spending rule's look: 1 / its share)."""
     sequential: int = 0
     widening: float = 1.0
     min_labels: int = MIN_LABELS

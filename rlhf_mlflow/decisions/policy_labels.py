@@ -10,6 +10,7 @@ import numpy as np
 
 from rlhf_mlflow.decisions import cross_fit as X
 from rlhf_mlflow.decisions import labelled as L
+from rlhf_mlflow.decisions import sequential as S
 
 
 def label_arrays(row: dict, ev: dict, labels: list[dict], label_scores: np.ndarray | None, cfg
@@ -47,7 +48,8 @@ def _rectangular(groups: list[np.ndarray]) -> np.ndarray | list:
 def label_rule(cfg, paired: bool = True) -> L.Rule:
     """How labelled intervals are drawn under this config (`paired`: the reference's labels are on the
     unlabelled prompts, in order)."""
-    return L.Rule(cfg.level, cfg.label_looks, cfg.label_sequential, cfg.label_widening, cfg.min_labels, paired)
+    return L.Rule(cfg.level, S.looks_equivalent(cfg.label_spending, cfg.label_look, cfg.label_looks),
+                  cfg.label_sequential, cfg.label_widening, cfg.min_labels, paired)
 
 
 def predictor_arrays(row: dict, ev: dict, labels: list[dict], label_scores: np.ndarray | None, cfg

@@ -19,6 +19,10 @@ whole standard error (labels and unlabelled term together; the fixed term is the
 only makes the looks' errors more alike). tests/test_sequential.py checks by simulation that stopping at
 the first look where a guardrail is decided keeps the coverage.
 
+A spending rule (`spending_shares`) is the other way to look several times: each look gets its own share
+of the error budget, fixed before the first, so a look where the caller mostly stops can have most of it
+(labelled.py applies it as a union bound over 1 / share looks).
+
 What it costs: at alpha = 0.10 the multiplier is 2.76 at n_opt (2.86 at n_opt / 2.5), against 1.645 for
 one look, 2.24 for a union bound over 4 planned looks and 2.54 over 9: it pays for every look there
 could be, so it is the cheaper rule only beyond ~15 looks (docs/CERTIFICATION.md).
@@ -26,6 +30,10 @@ could be, so it is the cheaper rule only beyond ~15 looks (docs/CERTIFICATION.md
 from __future__ import annotations
 
 import math
+
+import numpy as np
+
+from rlhf_mlflow.core.errors import InputError
 
 
 def rho2_for(n_opt: float, alpha: float) -> float:
@@ -45,3 +53,28 @@ def multiplier(n: int, level: float, n_opt: int) -> float:
     at n_opt terms (in place of the normal quantile 1.645 of one look at 90%)."""
     alpha = 1.0 - level
     return margin(max(n, 1), rho2_for(n_opt, alpha), alpha) * math.sqrt(max(n, 1))
+
+
+MAX_LOOKS = 1000
+"""The most looks a spending rule may name."""
+
+
+def spending_shares(text: str) -> tuple[float, ...]:
+    """The shares of a spending rule ("0.7,0.1,0.1,0.1": look k's share of the error budget), checked:
+    each finite and > 0, at most MAX_LOOKS of them, adding up to at most 1; "" is no spending rule."""
+    if not str(text).strip():
+        return ()
+    try:
+        shares = tuple(float(v) for v in str(text).split(","))
+    except ValueError:
+        raise InputError(f"label_spending {text!r}: comma-separated numbers, e.g. 0.7,0.1,0.1,0.1") from None
+    if len(shares) > MAX_LOOKS or not all(np.isfinite(v) and v > 0 for v in shares) or sum(shares) > 1 + 1e-9:
+        raise InputError(f"label_spending {text!r}: at most {MAX_LOOKS} shares, each > 0, adding up to at most 1")
+    return shares
+
+
+def looks_equivalent(spending: str, look: int, looks: int) -> float:
+    """The number of looks a union bound would split the error budget over to give look `look` its share
+    under `spending` (1 / share); without a spending rule, `looks` itself."""
+    shares = spending_shares(spending)
+    return 1.0 / shares[look - 1] if shares else looks

@@ -11,6 +11,7 @@ import json
 import math
 import os
 from collections.abc import Callable
+from dataclasses import replace
 
 import pandas as pd
 
@@ -21,11 +22,13 @@ from rlhf_mlflow.core.files import atomic_write_json
 from rlhf_mlflow.core.reward_wrapper import load_wrapper
 from rlhf_mlflow.core.world_paths import WORLD_INPUTS, WorldPaths, input_problem
 from rlhf_mlflow.decisions import certify as C
+from rlhf_mlflow.decisions import sequential as S
 from rlhf_mlflow.decisions.label_requests import check_labels
 from rlhf_mlflow.evidence import certify as EC
 from rlhf_mlflow.steps.figures import certification_plot
 from rlhf_mlflow.steps.outputs import check_out
 from rlhf_mlflow.steps.reports import certification_markdown, rounded
+from rlhf_mlflow.tracking import label_looks as LL
 from rlhf_mlflow.tracking import metric_names as MN
 from rlhf_mlflow.tracking import registry as REG
 from rlhf_mlflow.tracking import rm_registry as RMR
@@ -139,6 +142,7 @@ def run_certify(version: str | None = None, policy: str | None = None, world: Wo
                         "--world": world.root if world else None})
     wrapper = load_wrapper(inputs.get("correction"))  # the bytes hashed below are the bytes certify executes
     cfg = EC.config_for(cfg, inputs.get("rm_dir"))  # as certify applies it: the parameters logged are the ones used
+    cfg = at_look(cfg, version, inputs.get("policy_labels"))
     params = {**inputs, "model_version": version, "policy": policy, "policy_impl": policy_impl, "reward_impl": reward_impl,
               "diagnostic": diagnostic if isinstance(diagnostic, str) or diagnostic is None else "(in memory)",
               **{f"{k}_sha256": content_sha256(v) for k, v in inputs.items() if k != "correction" and os.path.exists(v)},
@@ -176,6 +180,26 @@ def run_certify(version: str | None = None, policy: str | None = None, world: Wo
         T.set_tags({"rlhf.summary": _short_summary(report)})  # what `rlhf-mlflow runs` shows beside the run
         echo(_summary_line(report, version))
     return {"run_id": run.info.run_id, "report": report}
+
+
+def at_look(cfg: C.CertifyConfig, version: str | None, labels: str | None) -> C.CertifyConfig:
+    """`cfg` at the look the version's labels file is, counted from the store (tracking/label_looks.py):
+    with a spending rule, its `label_look`; with a union bound, refused beyond `label_looks`. A plain
+    checkpoint's looks are the caller's to count."""
+    if not (version and labels) or cfg.label_sequential:
+        return cfg
+    look = LL.look_of(content_sha256(labels), LL.looks(version))
+    before = f"version {version}'s labels were looked at by {look - 1} certify runs with other labels files before"
+    shares = S.spending_shares(cfg.label_spending)
+    if shares:
+        if look > len(shares):
+            raise InputError(f"{before}: label_spending {cfg.label_spending!r} pays for {len(shares)} looks, "
+                             f"this would be look {look}")
+        return replace(cfg, label_look=look)
+    if look > cfg.label_looks:
+        raise InputError(f"{before}: an interval union-bounded over --label-looks {cfg.label_looks} is not valid "
+                         f"at look {look}; certify with --label-looks >= {look} (the looks planned), or a spending rule")
+    return cfg
 
 
 def _checked_labels(path: str | None, version: str | None) -> tuple[list[dict], dict]:

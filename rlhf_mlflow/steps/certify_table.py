@@ -18,7 +18,7 @@ from rlhf_mlflow.core.world_paths import WorldPaths
 from rlhf_mlflow.decisions import certify as C
 from rlhf_mlflow.decisions.table_certify import table_report
 from rlhf_mlflow.steps.certify import RULES_PARAM, _log_report, _short_summary, _summary_line, rules_sha256
-from rlhf_mlflow.steps.certify import check_world_inputs
+from rlhf_mlflow.steps.certify import at_look, check_world_inputs
 from rlhf_mlflow.steps.outputs import check_out
 from rlhf_mlflow.tracking import registry as REG
 from rlhf_mlflow.tracking import runs as T
@@ -41,6 +41,7 @@ def run_certify_table(samples: str, labels: str, expert_set: str | None = None, 
                            "diagnostic": diagnostic}.items()}
     if out:
         check_out(out, {f"--{k.replace('_', '-')}": v for k, v in inputs.items()})
+    cfg = at_look(cfg, version, inputs["labels"])
     report = table_report(inputs, cfg)  # every table read and checked before any run or version exists
     mv = REG.get_version(version) if version else None
     if mv is not None:

@@ -28,13 +28,14 @@ from rlhf_mlflow.steps.diagnostic import run_diagnostic_step
 from rlhf_mlflow.steps.grade import run_grade_checkpoint
 from rlhf_mlflow.steps import main_resume as MR
 from rlhf_mlflow.steps.main_candidates import CHECKPOINTS, WATCH_EVERY, TrainJob
-from rlhf_mlflow.steps.main_labels import LabelBudget, buy_labels
+from rlhf_mlflow.steps.main_labels import LabelBudget, buy_labels, purchase_metrics, purchases, purchases_markdown
 from rlhf_mlflow.steps.main_rounds import (
     RoundContext,
     finished_rounds,
     labels_so_far,
     later_rounds,
     recipe_of,
+    round_of,
 )
 from rlhf_mlflow.steps.main_summary import summary_table
 from rlhf_mlflow.steps.main_view import publish as publish_front_page
@@ -118,7 +119,7 @@ def run_main(world: WorldPaths, out_dir: str, steps_scale: float = 1.0, ceiling:
         table.attrs["rounds"] = records
         if ceiling:
             _ceiling_if_new_champion(world, out_dir, table, steps_scale, echo)
-        _publish(table, records, parent, gates, budget.spent, t0, echo)
+        _publish(table, records, parent, gates, budget.spent, purchases(out_dir), t0, echo)
     state.finished = True
     state.save()
     return table
@@ -156,15 +157,16 @@ def _evaluator(world: WorldPaths, out_dir: str, diagnosis: tuple[str, str | None
                      run_name=f"dev_eval-{name}")
         expert_set: list[str] = []  # a verdict only if no labels follow (buy_labels)
         report = run_certify(version=v, world=world, echo=expert_set.append, **inputs)["report"]
-        buy_labels(v, report, world, inputs, budget, out_dir, echo, gates, expert_set)
+        buy_labels(v, report, world, inputs, budget, out_dir, echo, gates, expert_set, round_of(name))
         state.mark(f"evaluated/v{v}")
     return evaluate
 
 
 def _publish(table: pd.DataFrame, records: list[dict], parent, gates: G.GuardrailConfig, labels_spent: int,
-             t0: float, echo: Callable[[str], None]) -> None:
-    """The story on main's run (its description, summary.md, the tables, the outcome metrics) and the front page."""
-    story = story_markdown(table) + rounds_markdown(records, table)
+             bought: list[dict], t0: float, echo: Callable[[str], None]) -> None:
+    """The story on main's run (its description, summary.md, the tables, the outcome metrics) and the front
+    page; `bought`: the label ledger's purchases (main_labels.purchases)."""
+    story = story_markdown(table) + rounds_markdown(records, table) + purchases_markdown(bought)
     loosened = G.non_default(gates)
     if loosened:  # a reader must not take a loosened gate's champion for the default gate's
         story = f"**Released under non-default guardrails: {', '.join(loosened)}**\n\n" + story
@@ -178,8 +180,12 @@ def _publish(table: pd.DataFrame, records: list[dict], parent, gates: G.Guardrai
                "full_summary.md.\n", "summary.md")
     T.log_text(markdown_table(table), "full_summary.md")
     T.log_text(table.to_csv(index=False), "summary.csv")
+    if bought:
+        T.log_table(pd.DataFrame([{k: r[k] for k in ("round", "purpose", "version", "labels")} | r["families"]
+                                  for r in bought]), "labels_bought.json")
     T.log_metrics(_outcome_metrics(table) | {MN.MAIN + "seconds": time.perf_counter() - t0,
-                                             MN.MAIN + "expert_labels": labels_spent})
+                                             MN.MAIN + "expert_labels": labels_spent}
+                  | {MN.MAIN + k: v for k, v in purchase_metrics(bought).items()})
 
 
 DECISIONS = ("promoted", "superseded", "refused")

@@ -5,8 +5,9 @@ A candidate is worth labels when certify refused some of its families off-policy
 guardrail that needs no estimate already passes (family KL, marker collapse): the labels can only
 help it there. Labels are bought in rounds (20 per refused family, then 10 more, up to 50), each
 round re-certified; a family is certified from its labels once it has 20 (decisions/labelled.py),
-and every interval is union-bounded over the rounds that may be looked at, so stopping as soon as
-the guardrails are decided keeps them valid. A total budget caps what `main` spends.
+and each look's interval has its share of the error budget (SPENDING, fixed before the first look; the
+look counted from the store), so stopping as soon as the guardrails are decided keeps them valid. A
+total budget caps what `main` spends.
 """
 from __future__ import annotations
 
@@ -14,6 +15,10 @@ import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from rlhf_mlflow.core import records as D
+from rlhf_mlflow.core import vocab as V
+from rlhf_mlflow.core.errors import read_json
+from rlhf_mlflow.core.files import atomic_write_json
 from rlhf_mlflow.core.world_paths import WorldPaths
 from rlhf_mlflow.decisions import guardrails as G
 from rlhf_mlflow.decisions.certify import CertifyConfig
@@ -21,9 +26,15 @@ from rlhf_mlflow.steps.certify import run_certify
 from rlhf_mlflow.steps.expert_label import run_expert_label
 from rlhf_mlflow.steps.label_requests import run_label_requests
 from rlhf_mlflow.steps.main_resume import labels_in
+from rlhf_mlflow.tracking import registry as REG
 
 ROUNDS = (20, 30, 40, 50)
 """Labels per refused family after each round."""
+SPENDING = "0.7,0.1,0.1,0.1"
+"""The error budget's share at each of the ROUNDS looks, fixed before the first (CertifyConfig.label_spending):
+every candidate `main` bought labels for on the default world stopped at the first look, where the
+union bound over four looks charged t(1 - 0.10/8) = 2.43 standard errors at 20 labels and this rule
+t(1 - 0.07/2) = 1.92 (a fifth narrower); the later looks keep 0.01 each (2.9 standard errors)."""
 
 
 @dataclass
@@ -55,9 +66,63 @@ def decided(report: dict, cfg: G.GuardrailConfig = G.GuardrailConfig()) -> bool:
     return not any(inside(r["gain_lo"], r["gain_hi"], cfg.min_family_change) for r in fams.values())
 
 
+LEDGER = "labels_bought.json"
+"""main's record of its expert labels: per purchase (purpose, round, version), the labels per family."""
+PURPOSES = ("certify", "repair")
+
+
+def note_purchase(out_dir: str, purpose: str, round_: int, version: str, labels_path: str) -> None:
+    """Record (or, for a purchase made again after a resume, replace) what `labels_path` holds."""
+    path = os.path.join(out_dir, LEDGER)
+    ledger = read_json(path) if os.path.isfile(path) else {}
+    families: dict[str, int] = {}
+    for rec in D.read_jsonl(labels_path, labelled=True, scale=D.EXPERT):
+        families[rec["family"]] = families.get(rec["family"], 0) + 1
+    ledger[f"{purpose}/r{round_}/v{version}"] = {"purpose": purpose, "round": round_, "version": str(version),
+                                                 "file": os.path.basename(labels_path), "families": families,
+                                                 "labels": sum(families.values())}
+    atomic_write_json(path, ledger)
+
+
+def purchases(out_dir: str) -> list[dict]:
+    """The ledger's purchases, by round, then certification before repair."""
+    path = os.path.join(out_dir, LEDGER)
+    rows = list(read_json(path).values()) if os.path.isfile(path) else []
+    return sorted(rows, key=lambda r: (r["round"], PURPOSES.index(r["purpose"]), int(r["version"])))
+
+
+def predicted_balanced(report: dict) -> float | None:
+    """The candidate's balanced quality as its certification's point estimates say before any label: the
+    certified estimate where a family has one, else the predictor's doubly-robust (or direct) estimate on
+    the policy's samples, which nothing vouches for (a screen for spending, never evidence)."""
+    vals = []
+    for f, w in report["balanced"].get("weights", {}).items():
+        r = report["families"].get(f, {})
+        v = next((r.get(k) for k in ("estimate", "doubly_robust", "direct") if r.get(k) is not None), None)
+        if v is None:
+            return None
+        vals.append(w * v)
+    return sum(vals) if vals else None
+
+
+def could_beat_champion(report: dict) -> tuple[bool, str]:
+    """Whether labels could make this candidate the champion: its predicted balanced quality above the
+    champion's certified lower bound (beats_champion needs its certified estimate above the champion's
+    estimate). True with no champion, or nothing to compare."""
+    champion = REG.champion_version()
+    if champion is None:
+        return True, ""
+    bal = REG.champion_certification(champion)["balanced"]
+    guess = predicted_balanced(report)
+    if not bal.get("certifiable") or guess is None or guess > bal["lo"]:
+        return True, ""
+    return False, (f"its reward model's estimate {guess:.3f} is below champion v{champion.version}'s certified "
+                   f"lower bound {bal['lo']:.3f}")
+
+
 def buy_labels(version: str, report: dict, world: WorldPaths, certify_kwargs: dict, budget: LabelBudget,
                out_dir: str, echo: Callable[[str], None], cfg: G.GuardrailConfig = G.GuardrailConfig(),
-               expert_set_lines: Sequence[str] = ()) -> int:
+               expert_set_lines: Sequence[str] = (), round_: int = 1) -> int:
     """Rounds of label requests -> expert labels -> certify for one candidate; returns labels used.
     `report`: its certification from the expert set alone, whose own lines (`expert_set_lines`) are
     printed only when no labels are bought, since they are then its verdict; before a purchase the log
@@ -65,6 +130,10 @@ def buy_labels(version: str, report: dict, world: WorldPaths, certify_kwargs: di
     set with fewer than k prompts in a family gets fewer than k). `cfg`: the guardrails its release
     will apply."""
     families = families_worth_labels(report, cfg)
+    worth, why_not = could_beat_champion(report) if families else (True, "")
+    if not worth:
+        echo(f"v{version}: no labels bought for {', '.join(families)}: {why_not}")
+        families = []
     if families and budget.afford(len(families) * ROUNDS[0]):
         echo(f"expert set alone cannot certify v{version} ({', '.join(families)}): "
              f"buying {ROUNDS[0]} labels per family")
@@ -86,12 +155,30 @@ def buy_labels(version: str, report: dict, world: WorldPaths, certify_kwargs: di
         held = labels_in(labels)  # an expert set with fewer than k prompts in a family gets fewer requests
         budget.spent += held - used
         used = held
+        note_purchase(out_dir, "certify", round_, version, labels)
         report = run_certify(version=version, world=world, policy_labels=labels,
                              echo=lambda line, n=held: echo(f"  {n} expert labels: {line}"),
-                             cfg=CertifyConfig(label_looks=len(ROUNDS)), run_name=f"certify-{look}-labels",
+                             cfg=CertifyConfig(label_spending=SPENDING), run_name=f"certify-{look}-labels",
                              **certify_kwargs)["report"]
         if decided(report):
             break
     if used:
         echo(f"  version {version}: {used} expert labels on its own responses ({', '.join(families)})")
     return used
+
+
+def purchases_markdown(rows: list[dict]) -> str:
+    """The ledger as a table: a row per purchase, a column per family, and the totals per purpose."""
+    if not rows:
+        return ""
+    fams = sorted({f for r in rows for f in r["families"]}, key=lambda f: (f not in V.FAMILIES, f))
+    head = "| round | bought for | on version | " + " | ".join(fams) + " | labels |\n|" + "---|" * (len(fams) + 4) + "\n"
+    body = "".join(f"| {r['round']} | {r['purpose']} | v{r['version']} | "
+                   + " | ".join(str(r["families"].get(f, 0)) for f in fams) + f" | {r['labels']} |\n" for r in rows)
+    totals = ", ".join(f"{p} {sum(r['labels'] for r in rows if r['purpose'] == p)}" for p in PURPOSES)
+    return f"\n## Expert labels bought\n\n{head}{body}\nIn all {sum(r['labels'] for r in rows)} ({totals}).\n"
+
+
+def purchase_metrics(rows: list[dict]) -> dict[str, float]:
+    """`expert_labels/<purpose>`: labels bought per purpose over the whole run."""
+    return {f"expert_labels/{p}": float(sum(r["labels"] for r in rows if r["purpose"] == p)) for p in PURPOSES}

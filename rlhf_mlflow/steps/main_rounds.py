@@ -32,7 +32,7 @@ from rlhf_mlflow.steps.expert_label import run_expert_label
 from rlhf_mlflow.steps.label_requests import run_label_requests
 from rlhf_mlflow.steps import main_resume as MR
 from rlhf_mlflow.steps.main_candidates import CHECKPOINTS, WATCH_EVERY, TrainJob
-from rlhf_mlflow.steps.main_labels import LabelBudget
+from rlhf_mlflow.steps.main_labels import LabelBudget, note_purchase
 from rlhf_mlflow.steps.repair_rm import run_repair_rm
 from rlhf_mlflow.tracking import registry as REG
 from rlhf_mlflow.tracking import runs as T
@@ -50,6 +50,12 @@ def recipe_of(name: str) -> str:
     """The recipe of a candidate name (`r2-corrected-s800` -> `corrected-s800`)."""
     head, _, rest = name.partition("-")
     return rest if head[:1] == "r" and head[1:].isdigit() and rest else name
+
+
+def round_of(name: str) -> int:
+    """The round a candidate name belongs to (`r2-corrected-s800` -> 2; round 1's have no prefix)."""
+    head = name.partition("-")[0]
+    return int(head[1:]) if recipe_of(name) != name else 1
 
 
 @dataclass
@@ -84,6 +90,7 @@ def _buy_repair_labels(ctx: RoundContext, r: int, version: str) -> int:
     labels = os.path.join(ctx.out_dir, f"labels-r{r}-v{version}.jsonl")
     if os.path.isfile(labels):
         ctx.echo(f"round {r}: {MR.labels_in(labels)} repair labels on version {version} bought before the resume")
+        note_purchase(ctx.out_dir, "repair", r, version, labels)
         return MR.labels_in(labels)
     requests = os.path.join(ctx.out_dir, f"label_requests-r{r}-v{version}.jsonl")
     run_label_requests(version, ctx.world, "all", REPAIR_PER_FAMILY, out=requests, echo=lambda m: None,
@@ -97,6 +104,7 @@ def _buy_repair_labels(ctx: RoundContext, r: int, version: str) -> int:
     D.write_jsonl(fresh, new)
     run_expert_label(ctx.world, fresh, labels, echo=lambda m: None, run_name=f"expert-label-r{r}-v{version}")
     ctx.budget.spent += len(new)
+    note_purchase(ctx.out_dir, "repair", r, version, labels)
     return len(new)
 
 

@@ -28,6 +28,7 @@ from rlhf_mlflow.steps.reports import (
     superseded_markdown,
     verdict_markdown,
 )
+from rlhf_mlflow.tracking import label_looks as LL
 from rlhf_mlflow.tracking import metric_names as MN
 from rlhf_mlflow.tracking import registry as REG
 from rlhf_mlflow.tracking import runs as T
@@ -166,7 +167,8 @@ def recompute_certification(report: dict, version, run_id: str, trust_remote: bo
     version) say so. Returns "recomputed" or those words."""
     refuse = f"certification run {run_id} refused for version {version.version}: "
     inputs, hashes = report.get("inputs", {}), report.get("input_sha256", {})
-    problem = _disagrees_with_params(report, T.get_run(run_id).data.params)
+    run = T.get_run(run_id)
+    problem = _disagrees_with_params(report, run.data.params) or _look_problem(report, version, run)
     if problem:
         raise InputError(refuse + problem)
     needed = ("samples", "labels") if report.get("kind") == "table" else ("reference", "gold")
@@ -214,6 +216,24 @@ def _disagrees_with_params(report: dict, params: dict) -> str | None:
         ran = logged(f"certify.{k}")
         if ran is not None and _number(ran) != _number(v):
             return f"its report says it was certified with {k} {v}, its certify run's parameters {k} {ran}"
+    return None
+
+
+def _look_problem(report: dict, version, run) -> str | None:
+    """Whether the look a report's labels were certified at is the look the store makes them
+    (tracking/label_looks.py: the version's labelled certify runs up to this one's start, ties against it)."""
+    sha = LL.labels_sha(run.data.params)
+    cfg = report.get("config", {})
+    if not sha or cfg.get("label_sequential"):
+        return None
+    look = LL.look_of(sha, LL.looks(version.version, until_ms=run.info.start_time, exclude_run=run.info.run_id))
+    if cfg.get("label_spending"):
+        if int(cfg.get("label_look", 1)) != look:
+            return (f"it was certified as look {cfg.get('label_look', 1)} of the version's labels, the store's "
+                    f"certify runs make it look {look}")
+    elif look > int(cfg.get("label_looks", 1)):
+        return (f"its labels are look {look} of the version's (the store's certify runs), its intervals are "
+                f"union-bounded over {cfg.get('label_looks', 1)} looks")
     return None
 
 
