@@ -2,7 +2,7 @@
 union bound over its four looks and under the spending rule (issue 47)? Many label draws on one
 policy, each certified at every look; coverage of the policy's deployment truth per family, at each
 look, at all four looks at once (what any stopping rule needs) and at the look `main`'s stopping rule
-takes (decided: main_labels.decided); and the widths (a benchmark may read the truth: it grades and
+takes (decided: steps.main.labels.decided); and the widths (a benchmark may read the truth: it grades and
 plays the expert).
 
     python benchmarks/label_looks.py [--worlds SEED:SPEC ...] [--reps 200] [--workers 2] [--out DIR]
@@ -14,7 +14,7 @@ truth per family (the oracle, 8 samples on each of 1000 fresh prompts per family
 them, and certify's evidence drawn with seed r (its policy samples, bootstrap and folds); then certify's
 estimate (evidence/certify.py, with the reward model and the correction, as main's round 1 certifies)
 from the first 20, 30, 40, 50 labels per family, with CertifyConfig(label_looks=4) (`union`) and with
-label_spending=main_labels.SPENDING at that look (`spending`): the same arrays, only the rule differs.
+label_spending=steps.main.labels.SPENDING at that look (`spending`): the same arrays, only the rule differs.
 Writes every replication to --out/<world>.jsonl (a rerun continues); prints per world and rule the
 coverage per family and look, and last lines `coverage_min_stopped: X` (the lowest family coverage at
 main's stopping look over worlds and rules) and `width_ratio_look1: Y` (spending's mean family width
@@ -46,7 +46,7 @@ from rlhf_mlflow.core.world_paths import WorldPaths  # noqa: E402
 from rlhf_mlflow.decisions.certify import CertifyConfig, aggregate, estimate_families  # noqa: E402
 from rlhf_mlflow.evidence.certify_evidence import families_evidence, labelled_scores  # noqa: E402
 from rlhf_mlflow.evidence.label_requests import draw_requests  # noqa: E402
-from rlhf_mlflow.steps.main_labels import ROUNDS, SPENDING, decided  # noqa: E402
+from rlhf_mlflow.steps.main.labels import ROUNDS, SPENDING, decided  # noqa: E402
 from rlhf_mlflow.world import corruptions as C  # noqa: E402
 from rlhf_mlflow.world.annotator import label_requests  # noqa: E402
 from rlhf_mlflow.world.build import ensure_world  # noqa: E402

@@ -91,7 +91,7 @@ def test_the_ceiling_run_prints_its_progress_under_its_name(tiny_world, tmp_path
     import pandas as pd
 
     from rlhf_mlflow.core.world_paths import WorldPaths
-    from rlhf_mlflow.steps import main as main_step
+    from rlhf_mlflow.steps.main import run as main_step
     from rlhf_mlflow.tracking import runs as T
     monkeypatch.setattr(main_step, "CEILING_PROGRESS_EVERY", 1e-9)  # a line at every report
     champion = SimpleNamespace(version=1, tags={"recipe": "default-s800", "checkpoint_step": "4"})

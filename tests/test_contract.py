@@ -343,7 +343,7 @@ def test_a_world_in_the_seeds_format_runs_main_for_two_rounds(tiny_world, tmp_pa
     """Expert labels below 0 (the seed's expert set reaches -0.145) and crowd labels paid bonuses above 1:
     `main --rounds 2` finishes, its round 2 repairs the reward model with every label bought (some below 0
     too) and certifies the round's candidates, and no two of its runs share a name."""
-    from rlhf_mlflow.steps.main_rounds import labels_so_far
+    from rlhf_mlflow.steps.main.rounds import labels_so_far
     world = WorldPaths.at(tiny_world)
     assert min(r["label"] for r in D.read_jsonl(world.expert_set, labelled=True, scale=D.EXPERT)) < 0
     assert max(r["label"] for r in D.read_jsonl(world.qa, labelled=True, scale=D.CROWD)) > 1

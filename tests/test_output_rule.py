@@ -63,7 +63,7 @@ def _marked(tmp_path, command: str, run_id: str = "abc", name="theirs"):
     """A directory a `command` run `run_id` wrote: its marker and one file of its own."""
     out = tmp_path / name
     if command == "main":
-        from rlhf_mlflow.steps import main_resume as MR
+        from rlhf_mlflow.steps.main import resume as MR
         out.mkdir()
         MR.MainState(str(out / MR.STATE), {"world_hash": "0123456789abcdef"}, [run_id], finished=True).save()
     else:
@@ -201,7 +201,7 @@ def test_repair_rm_replaces_another_repairs_directory_only_with_overwrite(tiny_w
 
 
 def test_main_resumes_its_own_directory_and_starts_over_a_finished_one_only_with_overwrite(tiny_world, tmp_path):
-    from rlhf_mlflow.steps import main_resume as MR
+    from rlhf_mlflow.steps.main import resume as MR
     out = tmp_path / "out"
     os.makedirs(out)
     stopped = MR.MainState(str(out / MR.STATE), MR.settings(WorldPaths.at(tiny_world), 0.05, 1200, 2, {}), ["abc"])

@@ -15,8 +15,8 @@ import pytest
 
 from rlhf_mlflow.core import records as D
 from rlhf_mlflow.core.world_paths import WorldPaths
-from rlhf_mlflow.steps.main_labels import note_purchase, predicted_balanced, purchase_metrics, purchases, purchases_markdown
-from rlhf_mlflow.steps.main_rounds import labels_so_far, recipe_of, round_of
+from rlhf_mlflow.steps.main.labels import note_purchase, predicted_balanced, purchase_metrics, purchases, purchases_markdown
+from rlhf_mlflow.steps.main.rounds import labels_so_far, recipe_of, round_of
 from rlhf_mlflow.tracking import rm_registry as RMR
 
 
@@ -64,7 +64,7 @@ def test_labels_so_far_counts_each_request_once(tmp_path):
 
 @pytest.mark.slow
 def test_a_second_round_repairs_the_reward_model_and_trains_certifies_and_releases_on_it(tiny_world, tmp_path):
-    from rlhf_mlflow.steps.main import run_main
+    from rlhf_mlflow.steps.main.run import run_main
     out = str(tmp_path / "out")
     table = run_main(WorldPaths.at(tiny_world), out, steps_scale=0.05, ceiling=False, echo=lambda m: None,
                      label_budget=1200, rounds=2)
@@ -98,7 +98,7 @@ RLHF_MLFLOW = os.path.join(os.path.dirname(sys.executable), "rlhf-mlflow")
 
 def _stopped_main(tiny_world, out, **changed) -> None:
     """An --out holding the state of a main that stopped (run `abc`), with the given settings changed."""
-    from rlhf_mlflow.steps import main_resume as MR
+    from rlhf_mlflow.steps.main import resume as MR
     os.makedirs(out)
     settings = MR.settings(WorldPaths.at(tiny_world), 0.05, 1200, 2, {}) | changed
     MR.MainState(os.path.join(out, MR.STATE), settings, ["abc"]).save()
@@ -231,7 +231,7 @@ def test_a_repair_is_reused_only_whole_registered_and_decided(tiny_world, tmp_pa
     repair_rm run (under a main this one resumes) registered and the gate decided."""
     import shutil
 
-    from rlhf_mlflow.steps import main_resume as MR
+    from rlhf_mlflow.steps.main import resume as MR
     from rlhf_mlflow.tracking import runs as T
     rm_dir = str(tmp_path / "out" / "reward_model_r2")
     shutil.copytree(os.path.join(tiny_world, "reward_model"), rm_dir)

@@ -159,7 +159,7 @@ def test_runs_lists_refused_certifications_with_their_reason(story):
 def test_mains_counters_name_every_decision_and_add_up_to_the_candidates():
     import pandas as pd
 
-    from rlhf_mlflow.steps.main import _outcome_metrics
+    from rlhf_mlflow.steps.main.run import _outcome_metrics
     decisions = ["refused", "refused", "superseded by v7", "superseded by v1", "promoted", "refused"]
     table = pd.DataFrame({"decision": decisions, "champion": [d == "promoted" for d in decisions],
                           "certified_balanced": [None, None, 0.36, 0.40, 0.73, 0.51]})

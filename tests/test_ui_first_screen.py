@@ -8,7 +8,7 @@ import json
 import mlflow
 import pandas as pd
 
-from rlhf_mlflow.steps import main_view
+from rlhf_mlflow.steps.main import view as main_view
 from rlhf_mlflow.tracking import experiment_view as EV
 from rlhf_mlflow.tracking import registry as REG
 from rlhf_mlflow.tracking import runs as T

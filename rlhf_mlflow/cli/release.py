@@ -140,9 +140,9 @@ def main_cmd(ctx, world, steps_scale, out, label_budget, rounds, guardrails, gua
 
     A main that stopped (SIGTERM, a crash) continues with --resume and the same --out, without buying
     its labels again or redoing what it finished."""
-    from rlhf_mlflow.steps import main_resume as MR
-    from rlhf_mlflow.steps.main import run_main
-    from rlhf_mlflow.steps.main_labels import purchases, purchases_markdown
+    from rlhf_mlflow.steps.main import resume as MR
+    from rlhf_mlflow.steps.main.run import run_main
+    from rlhf_mlflow.steps.main.labels import purchases, purchases_markdown
     from rlhf_mlflow.steps.reports import rounds_markdown, story_markdown
     t0 = time.perf_counter()
     check_steps_scale(steps_scale)  # NaN, inf and 0 refused before anything; a resumed main's stored value below

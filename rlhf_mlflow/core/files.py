@@ -126,7 +126,7 @@ def check_writable(path: str, option: str = "--out", directory: bool = False) ->
 RUN_MARKER = ".rlhf_run.json"
 """What a command writes into its output directory: {"command": its step, "run_id": its MLflow run}."""
 MAIN_STATE = "main_state.json"
-"""main's journal (steps/main_resume.py), which is its marker: it names main's runs, the latest last."""
+"""main's journal (steps/main/resume.py), which is its marker: it names main's runs, the latest last."""
 BUILD_WORLD = "build_world"
 """The builder's marker is the world's manifest.json; a world's "run" is its content hash."""
 

@@ -13,7 +13,7 @@ Round 1 is main's story (the world's reward model, corrected). Each later round 
      each, as round 1 does.
 It stops when the budget cannot pay for a round's repair labels, when the gate refuses the repaired
 model, or when a round does not raise the certified champion. Each round is a nested run of main's.
-A resumed main (main_resume.py) skips the rounds rounds.json holds, and in the round it stopped in
+A resumed main (resume.py) skips the rounds rounds.json holds, and in the round it stopped in
 reuses the repair labels, the repair, the correction and the candidates it had finished.
 """
 from __future__ import annotations
@@ -30,9 +30,9 @@ from rlhf_mlflow.core.world_paths import WorldPaths
 from rlhf_mlflow.steps.correct import run_correction
 from rlhf_mlflow.steps.expert_label import run_expert_label
 from rlhf_mlflow.steps.label_requests import run_label_requests
-from rlhf_mlflow.steps import main_resume as MR
-from rlhf_mlflow.steps.main_candidates import CHECKPOINTS, WATCH_EVERY, TrainJob
-from rlhf_mlflow.steps.main_labels import LabelBudget, note_purchase
+from rlhf_mlflow.steps.main import resume as MR
+from rlhf_mlflow.steps.main.candidates import CHECKPOINTS, WATCH_EVERY, TrainJob
+from rlhf_mlflow.steps.main.labels import LabelBudget, note_purchase
 from rlhf_mlflow.steps.repair_rm import run_repair_rm
 from rlhf_mlflow.tracking import registry as REG
 from rlhf_mlflow.tracking import runs as T

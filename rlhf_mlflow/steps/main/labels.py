@@ -25,7 +25,7 @@ from rlhf_mlflow.decisions.certify import CertifyConfig
 from rlhf_mlflow.steps.certify import run_certify
 from rlhf_mlflow.steps.expert_label import run_expert_label
 from rlhf_mlflow.steps.label_requests import run_label_requests
-from rlhf_mlflow.steps.main_resume import labels_in
+from rlhf_mlflow.steps.main.resume import labels_in
 from rlhf_mlflow.tracking import registry as REG
 
 ROUNDS = (20, 30, 40, 50)

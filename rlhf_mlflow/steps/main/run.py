@@ -2,11 +2,11 @@
 
 gold-free diagnostic -> correction -> the seed's five historical recipes and two corrected candidates
 (kl 0.1/800 and kl 0.05/1200 on the corrected reward, each registered at the checkpoint with the best
-balanced truth the over-optimisation watch estimates), trained side by side (main_candidates.py) -> dev_eval and certify
+balanced truth the over-optimisation watch estimates), trained side by side (candidates.py) -> dev_eval and certify
 of each as it finishes -> release of every candidate, in recipe order -> grade (the oracle's truth,
 never read by release) -> the champion's recipe trained on the oracle's true reward (this world's
-ceiling for that budget) -> a summary table (main_summary.py).
-A main that stopped continues with `resume` (main_resume.py: what it reuses, and how it knows it is whole).
+ceiling for that budget) -> a summary table (summary.py).
+A main that stopped continues with `resume` (resume.py: what it reuses, and how it knows it is whole).
 """
 from __future__ import annotations
 
@@ -26,10 +26,10 @@ from rlhf_mlflow.steps.correct import run_correction
 from rlhf_mlflow.steps.dev_eval import run_dev_eval
 from rlhf_mlflow.steps.diagnostic import run_diagnostic_step
 from rlhf_mlflow.steps.grade import run_grade_checkpoint
-from rlhf_mlflow.steps import main_resume as MR
-from rlhf_mlflow.steps.main_candidates import CHECKPOINTS, WATCH_EVERY, TrainJob
-from rlhf_mlflow.steps.main_labels import LabelBudget, buy_labels, purchase_metrics, purchases, purchases_markdown
-from rlhf_mlflow.steps.main_rounds import (
+from rlhf_mlflow.steps.main import resume as MR
+from rlhf_mlflow.steps.main.candidates import CHECKPOINTS, WATCH_EVERY, TrainJob
+from rlhf_mlflow.steps.main.labels import LabelBudget, buy_labels, purchase_metrics, purchases, purchases_markdown
+from rlhf_mlflow.steps.main.rounds import (
     RoundContext,
     finished_rounds,
     labels_so_far,
@@ -37,8 +37,8 @@ from rlhf_mlflow.steps.main_rounds import (
     recipe_of,
     round_of,
 )
-from rlhf_mlflow.steps.main_summary import summary_table
-from rlhf_mlflow.steps.main_view import publish as publish_front_page
+from rlhf_mlflow.steps.main.summary import summary_table
+from rlhf_mlflow.steps.main.view import publish as publish_front_page
 from rlhf_mlflow.steps.reports import markdown_table, rounds_markdown, story_markdown
 from rlhf_mlflow.steps.train_rl import run_train_rl
 from rlhf_mlflow.tracking import metric_names as MN
@@ -83,10 +83,10 @@ def run_main(world: WorldPaths, out_dir: str, steps_scale: float = 1.0, ceiling:
              overwrite: bool = False) -> pd.DataFrame:
     """The whole story; returns the summary table (its `attrs["ceiling"]` holds the ceiling, if run;
     `attrs["rounds"]` each later round's record).
-    `label_budget`: expert labels main may buy on candidates' own responses (main_labels.py) and for
+    `label_budget`: expert labels main may buy on candidates' own responses (labels.py) and for
     repairs; `guardrails`: threshold overrides for every release (GuardrailConfig keys); `rounds`: 1 is
-    the story on the world's reward model, each more repairs it with every label so far (main_rounds.py);
-    `resume`: continue the main that stopped in `out_dir`, with its settings (main_resume.py); `overwrite`:
+    the story on the world's reward model, each more repairs it with every label so far (rounds.py);
+    `resume`: continue the main that stopped in `out_dir`, with its settings (resume.py); `overwrite`:
     start over in the directory a finished main left (the one output rule, steps/outputs.py)."""
     check_steps_scale(steps_scale)  # before the --out directory, main_state.json or any run
     check_range("--label-budget", label_budget, 0, MAX_LABEL_BUDGET, integer=True)
@@ -165,7 +165,7 @@ def _evaluator(world: WorldPaths, out_dir: str, diagnosis: tuple[str, str | None
 def _publish(table: pd.DataFrame, records: list[dict], parent, gates: G.GuardrailConfig, labels_spent: int,
              bought: list[dict], t0: float, echo: Callable[[str], None]) -> None:
     """The story on main's run (its description, summary.md, the tables, the outcome metrics) and the front
-    page; `bought`: the label ledger's purchases (main_labels.purchases)."""
+    page; `bought`: the label ledger's purchases (labels.purchases)."""
     story = story_markdown(table) + rounds_markdown(records, table) + purchases_markdown(bought)
     loosened = G.non_default(gates)
     if loosened:  # a reader must not take a loosened gate's champion for the default gate's

@@ -29,7 +29,7 @@ from rlhf_mlflow.core.files import atomic_write_json
 from rlhf_mlflow.core.process import process_state
 from rlhf_mlflow.core.world_paths import WorldPaths
 from rlhf_mlflow.steps.grade import run_grade
-from rlhf_mlflow.steps.main_candidates import TrainJob, train_all
+from rlhf_mlflow.steps.main.candidates import TrainJob, train_all
 from rlhf_mlflow.steps.outputs import check_out_dir
 from rlhf_mlflow.steps.release import run_release
 from rlhf_mlflow.tracking import registry as REG
