@@ -10,11 +10,13 @@ import pytest
 from test_certify import sharpened
 from test_labels import LENIENT, _labelled, _register, _run
 
+from rlhf_mlflow.core import vocab as V
 from rlhf_mlflow.core.errors import InputError
 from rlhf_mlflow.decisions.certify import CertifyConfig
 from rlhf_mlflow.decisions.labelled import half_width
-from rlhf_mlflow.decisions.sequential import spending_shares
 from rlhf_mlflow.decisions.policy_labels import label_rule
+from rlhf_mlflow.decisions.sequential import spending_shares
+from rlhf_mlflow.steps.main.labels import could_beat_champion
 from rlhf_mlflow.tracking.policy_model import REGISTERED_MODEL
 
 SPENDING = "0.7,0.1,0.1,0.1"
@@ -63,6 +65,14 @@ def test_each_new_labels_file_is_the_next_look_and_release_counts_again(tiny_wor
     assert len(mlflow.search_runs(search_all_experiments=True, output_format="list")) == runs_before
     res = _run("release", "--model-version", v, "--certification-run", run2, "--guardrails", LENIENT)
     assert res.exit_code == 0 and "look" not in res.output, res.output     # recounted: look 2, as certified
+    # main buys labels for a later candidate only if its reward model's estimate clears this champion's lower bound
+    lo = report["balanced"]["lo"]
+    weights = {f: 1 / len(V.FAMILIES) for f in V.FAMILIES}
+    guess = lambda v: {"families": {f: {"estimate": None, "doubly_robust": v} for f in V.FAMILIES},  # noqa: E731
+                       "balanced": {"weights": weights}}
+    worth, why = could_beat_champion(guess(lo - 0.01))
+    assert not worth and f"champion v{v}'s certified lower bound {lo:.3f}" in why
+    assert could_beat_champion(guess(lo + 0.01)) == (True, "")
     # a certify run of this version with other labels that started before look 1 (as a concurrent one would):
     # the store now makes `more` look 3, and release refuses the report that says 2
     client = mlflow.MlflowClient()
