@@ -1,9 +1,9 @@
 """Do labelled intervals keep their coverage when `main` looks after every round of labels, under the
 union bound over its four looks and under the spending rule (issue 47)? Many label draws on one
-policy, each certified at every look; coverage of the policy's deployment truth per family, at each
-look, at all four looks at once (what any stopping rule needs) and at the look `main`'s stopping rule
-takes (decided: steps.main.labels.decided); and the widths (a benchmark may read the truth: it grades and
-plays the expert).
+policy, each certified look after look as `main` does until its stopping rule says stop
+(steps.main.labels: decided, or futile); coverage of the policy's deployment truth per family at each look reached
+and at the look main stopped at, and the widths (a benchmark may read the truth: it grades and plays
+the expert).
 
     python benchmarks/label_looks.py [--worlds SEED:SPEC ...] [--reps 200] [--workers 2] [--out DIR]
 
@@ -14,7 +14,8 @@ truth per family (the oracle, 8 samples on each of 1000 fresh prompts per family
 them, and certify's evidence drawn with seed r (its policy samples, bootstrap and folds); then certify's
 estimate (evidence/certify.py, with the reward model and the correction, as main's round 1 certifies)
 from the first 20, 30, 40, 50 labels per family, with CertifyConfig(label_looks=4) (`union`) and with
-label_spending=steps.main.labels.SPENDING at that look (`spending`): the same arrays, only the rule differs.
+label_spending=steps.main.labels.SPENDING at that look (`spending`): the same labels and evidence, only
+the rule differs (each rule stops on its own intervals).
 Writes every replication to --out/<world>.jsonl (a rerun continues); prints per world and rule the
 coverage per family and look, and last lines `coverage_min_stopped: X` (the lowest family coverage at
 main's stopping look over worlds and rules) and `width_ratio_look1: Y` (spending's mean family width
@@ -46,7 +47,7 @@ from rlhf_mlflow.core.world_paths import WorldPaths  # noqa: E402
 from rlhf_mlflow.decisions.certify import CertifyConfig, aggregate, estimate_families  # noqa: E402
 from rlhf_mlflow.evidence.certify_evidence import families_evidence, labelled_scores  # noqa: E402
 from rlhf_mlflow.evidence.label_requests import draw_requests  # noqa: E402
-from rlhf_mlflow.steps.main.labels import ROUNDS, SPENDING, decided  # noqa: E402
+from rlhf_mlflow.steps.main.labels import ROUNDS, SPENDING, decided, futile  # noqa: E402
 from rlhf_mlflow.world import corruptions as C  # noqa: E402
 from rlhf_mlflow.world.annotator import label_requests  # noqa: E402
 from rlhf_mlflow.world.build import ensure_world  # noqa: E402
@@ -82,8 +83,9 @@ def prepare(seed: int, spec: str, a) -> dict:
 
 
 def replication(args: tuple[dict, int]) -> dict:
-    """One label draw certified at every look under both rules: per rule and look, each family's interval
-    (and the balanced one), and whether main would stop there."""
+    """One label draw certified as main certifies it, under each rule: look after look (20, 30, 40, 50
+    labels per family) until main's stopping rule says decided; per look each family's interval (and the
+    balanced one) and whether it was decided."""
     meta, rep = args
     torch.set_num_threads(1)
     world = WorldPaths.at(meta["root"])
@@ -91,46 +93,48 @@ def replication(args: tuple[dict, int]) -> dict:
     rm, wrapper = open_reward_model(world.reward_model), load_wrapper(meta["correction"])
     gold = D.read_jsonl(world.expert_set, labelled=True, scale=D.EXPERT)
     labels = label_requests(world, draw_requests(policy, gold, ROUNDS[-1], seed=rep, prefix=f"rep{rep}"))
-    cfg0 = CertifyConfig(seed=rep)
-    evidence = families_evidence(policy, reference, rm, wrapper, D.group_by_family(gold), cfg0,
+    evidence = families_evidence(policy, reference, rm, wrapper, D.group_by_family(gold), CertifyConfig(seed=rep),
                                  torch.Generator().manual_seed(rep))
     out = {"rep": rep, "looks": {}}
-    for look, k in enumerate(ROUNDS, 1):
-        sub = {f: [r for r in labels if r["family"] == f][:k] for f in V.FAMILIES}
-        scored = labelled_scores(rm, wrapper, sub)
-        for name, rule in RULES.items():
+    for name, rule in RULES.items():
+        for look, k in enumerate(ROUNDS, 1):
+            sub = {f: [r for r in labels if r["family"] == f][:k] for f in V.FAMILIES}
             cfg = replace(rule(look), seed=rep)
-            rows, draws, ref_draws = estimate_families(evidence, sub, scored, cfg)
+            rows, draws, ref_draws = estimate_families(evidence, sub, labelled_scores(rm, wrapper, sub), cfg)
             report = {"families": rows, "balanced": aggregate(rows, draws, ref_draws, {f: 1.0 for f in V.FAMILIES}, cfg)}
             keep = ("certifiable", "estimate", "lo", "hi")
-            out["looks"][f"{name}/{look}"] = {"decided": decided(report),
+            stop = decided(report) or (k < ROUNDS[-1] and futile(report, k, ROUNDS[-1]))
+            out["looks"][f"{name}/{look}"] = {"decided": stop, "futile": stop and not decided(report),
                                               **{g: {x: r.get(x) for x in keep} for g, r in
                                                  {**rows, "balanced": report["balanced"]}.items()}}
+            if stop:
+                break
     return out
 
 
 def summarise(meta: dict, reps: list[dict]) -> dict:
-    """Per rule: coverage per family at each look, at all looks at once, at main's stopping look; widths."""
-    truth, groups = meta["truth"], [*V.FAMILIES, "balanced"]
+    """Per rule: coverage per family at each look reached (over the draws that reached it), at main's
+    stopping look (the first decided, else the last), how often each look was the stop; mean widths."""
+    truth, groups, looks = meta["truth"], [*V.FAMILIES, "balanced"], range(1, len(ROUNDS) + 1)
     covers = lambda row, g: bool(row["certifiable"]) and row["lo"] <= truth[f"truth/{g}"] <= row["hi"]  # noqa: E731
     res = {}
     for name in RULES:
-        per = {g: {"all_looks": [], "stopped": [], **{look: [] for look in range(1, len(ROUNDS) + 1)}} for g in groups}
-        width = {look: [] for look in range(1, len(ROUNDS) + 1)}
+        per = {g: {"stopped": [], **{look: [] for look in looks}} for g in groups}
+        width = {look: [] for look in looks}
         stops = []
         for rep in reps:
-            rows = [rep["looks"][f"{name}/{look}"] for look in range(1, len(ROUNDS) + 1)]
+            rows = [rep["looks"][f"{name}/{look}"] for look in looks if f"{name}/{look}" in rep["looks"]]
             stop = next((i for i, r in enumerate(rows) if r["decided"]), len(rows) - 1)
             stops.append(stop + 1)
-            for g in groups:
-                hits = [covers(r[g], g) for r in rows]
-                for look, hit in enumerate(hits, 1):
-                    per[g][look].append(hit)
-                per[g]["all_looks"].append(all(hits))
-                per[g]["stopped"].append(hits[stop])
             for look, r in enumerate(rows, 1):
+                for g in groups:
+                    per[g][look].append(covers(r[g], g))
                 width[look] += [r[f]["hi"] - r[f]["lo"] for f in V.FAMILIES if r[f]["certifiable"]]
-        res[name] = {"coverage": {g: {str(k): float(np.mean(v)) for k, v in per[g].items()} for g in groups},
+            for g in groups:
+                per[g]["stopped"].append(covers(rows[stop][g], g))
+        res[name] = {"coverage": {g: {str(k): (float(np.mean(v)) if v else None) for k, v in per[g].items()}
+                                  for g in groups},
+                     "reached": {str(look): len(width[look]) // len(V.FAMILIES) for look in looks},
                      "width": {str(k): float(np.mean(v)) if v else None for k, v in width.items()},
                      "stop_looks": {str(k): stops.count(k) for k in sorted(set(stops))}}
     return res
@@ -139,14 +143,15 @@ def summarise(meta: dict, reps: list[dict]) -> dict:
 def show(meta: dict, res: dict, n: int) -> None:
     print(f"\nworld {meta['world']} ({meta['spec']}, seed {meta['seed']}): {n} label draws, truth balanced "
           f"{meta['truth']['truth/balanced']:.3f}")
+    fmt = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
     for name, r in res.items():
         print(f"\n{name}: main stopped at look {r['stop_looks']}; mean family width per look "
               + ", ".join(f"{k}: {v:.3f}" for k, v in r["width"].items() if v is not None))
-        print("| group | " + " | ".join(f"look {k}" for k in range(1, len(ROUNDS) + 1)) + " | all looks | stopped |")
-        print("|---" * (len(ROUNDS) + 3) + "|")
+        print("| group | " + " | ".join(f"look {k} ({r['reached'][str(k)]})" for k in range(1, len(ROUNDS) + 1))
+              + " | stopped |")
+        print("|---" * (len(ROUNDS) + 2) + "|")
         for g, c in r["coverage"].items():
-            print(f"| {g} | " + " | ".join(f"{c[str(k)]:.3f}" for k in range(1, len(ROUNDS) + 1))
-                  + f" | {c['all_looks']:.3f} | {c['stopped']:.3f} |")
+            print(f"| {g} | " + " | ".join(fmt(c[str(k)]) for k in range(1, len(ROUNDS) + 1)) + f" | {fmt(c['stopped'])} |")
 
 
 def main() -> None:

@@ -15,7 +15,8 @@ import pytest
 
 from rlhf_mlflow.core import records as D
 from rlhf_mlflow.core.world_paths import WorldPaths
-from rlhf_mlflow.steps.main.labels import note_purchase, predicted_balanced, purchase_metrics, purchases, purchases_markdown
+from rlhf_mlflow.steps.main.labels import (decided, futile, note_purchase, open_thresholds, predicted_balanced,
+                                           purchase_metrics, purchases, purchases_markdown)
 from rlhf_mlflow.steps.main.rounds import labels_so_far, recipe_of, round_of
 from rlhf_mlflow.tracking import rm_registry as RMR
 
@@ -43,6 +44,21 @@ def test_the_label_ledger_says_what_each_purchase_bought_for_what(tmp_path):
         "expert_labels/certify": 6.0, "expert_labels/repair": 4.0}
     text = purchases_markdown(rows)
     assert "| 2 | repair | v1 | 0 | 0 | 4 | 4 |" in text and "In all 10 (certify 6, repair 4)" in text
+
+
+def _gains(balanced: tuple, family: tuple) -> dict:
+    row = lambda g: {"certifiable": True, "gain": g[0], "gain_lo": g[1], "gain_hi": g[2]}  # noqa: E731
+    return {"balanced": row(balanced), "families": {f: row(family) for f in ("anvil", "birch")}}
+
+
+def test_labels_stop_once_decided_or_once_the_last_round_could_not_decide_either():
+    clear = _gains((0.2, 0.1, 0.3), (0.1, 0.0, 0.2))                 # every threshold outside: decided
+    assert decided(clear) and not futile(clear, 20, 50)
+    close = _gains((0.2, 0.1, 0.3), (-0.025, -0.08, 0.03))           # -0.03 inside, 0.005 from the estimate
+    assert not decided(close) and futile(close, 20, 50)             # 50 labels: +-0.035 still holds it
+    far = _gains((0.2, 0.1, 0.3), (0.02, -0.035, 0.075))             # 0.05 from it: 50 labels would decide
+    assert not decided(far) and not futile(far, 20, 50)
+    assert open_thresholds({**clear, "balanced": {"certifiable": False}}) is None   # more labels may certify it
 
 
 def test_a_candidate_is_screened_by_its_predicted_balanced_quality():

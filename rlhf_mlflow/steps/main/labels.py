@@ -2,15 +2,18 @@
 change a decision and only as many as it takes.
 
 A candidate is worth labels when certify refused some of its families off-policy while every
-guardrail that needs no estimate already passes (family KL, marker collapse): the labels can only
-help it there. Labels are bought in rounds (20 per refused family, then 10 more, up to 50), each
-round re-certified; a family is certified from its labels once it has 20 (decisions/labelled.py),
-and each look's interval has its share of the error budget (SPENDING, fixed before the first look; the
-look counted from the store), so stopping as soon as the guardrails are decided keeps them valid. A
-total budget caps what `main` spends.
+guardrail that needs no estimate already passes (family KL, marker collapse), and its reward model's
+own estimate says it could beat the champion: the labels can only help it there. Labels are bought in
+rounds (20 per refused family, then 10 more, up to 50), each round re-certified; a family is certified
+from its labels once it has 20 (decisions/labelled.py), and each look's interval has its share of the
+error budget (SPENDING, fixed before the first look; the look counted from the store), so stopping
+whenever the buyer likes keeps them valid. It stops once the guardrails are decided, or once the last
+round would not decide them either (`futile`). A total budget caps what `main` spends; the ledger
+(LEDGER) records every purchase.
 """
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -55,15 +58,29 @@ def families_worth_labels(report: dict, cfg: G.GuardrailConfig = G.GuardrailConf
     return [f for f, r in report["families"].items() if not r["certifiable"]]
 
 
-def decided(report: dict, cfg: G.GuardrailConfig = G.GuardrailConfig()) -> bool:
-    """Every family certified, and no estimate-based guardrail's threshold inside its interval."""
+def open_thresholds(report: dict, cfg: G.GuardrailConfig = G.GuardrailConfig()) -> list[tuple] | None:
+    """(estimate, lo, hi, threshold) of every estimate-based guardrail threshold inside its interval (the
+    balanced gain's 0 and min_balanced_gain, each family gain's min_family_change); None when the balanced
+    quality is not certified (more labels may certify it)."""
     fams, bal = report["families"], report["balanced"]
     if not bal["certifiable"]:
-        return False
-    inside = lambda lo, hi, t: lo < t < hi  # noqa: E731
-    if inside(bal["gain_lo"], bal["gain_hi"], cfg.min_balanced_gain) or inside(bal["gain_lo"], bal["gain_hi"], 0.0):
-        return False
-    return not any(inside(r["gain_lo"], r["gain_hi"], cfg.min_family_change) for r in fams.values())
+        return None
+    rows = [(bal, t) for t in (cfg.min_balanced_gain, 0.0)] + [(r, cfg.min_family_change) for r in fams.values()]
+    return [(r["gain"], r["gain_lo"], r["gain_hi"], t) for r, t in rows if r["gain_lo"] < t < r["gain_hi"]]
+
+
+def decided(report: dict, cfg: G.GuardrailConfig = G.GuardrailConfig()) -> bool:
+    """Every family certified, and no estimate-based guardrail's threshold inside its interval."""
+    return open_thresholds(report, cfg) == []
+
+
+def futile(report: dict, labels_now: int, labels_last: int, cfg: G.GuardrailConfig = G.GuardrailConfig()) -> bool:
+    """Whether the last look would not decide it either: a threshold inside its interval now would still be
+    inside the interval at `labels_last` per family if its estimate stayed where it is (the half-width
+    shrunk by sqrt(labels_now / labels_last); the quantile's change between the looks left out)."""
+    inside = open_thresholds(report, cfg)
+    shrink = math.sqrt(labels_now / labels_last)
+    return bool(inside) and any(abs(est - t) < (hi - lo) / 2 * shrink for est, lo, hi, t in inside)
 
 
 LEDGER = "labels_bought.json"
@@ -160,7 +177,10 @@ def buy_labels(version: str, report: dict, world: WorldPaths, certify_kwargs: di
                              echo=lambda line, n=held: echo(f"  {n} expert labels: {line}"),
                              cfg=CertifyConfig(label_spending=SPENDING), run_name=f"certify-{look}-labels",
                              **certify_kwargs)["report"]
-        if decided(report):
+        if decided(report, cfg):
+            break
+        if k < ROUNDS[-1] and futile(report, k, ROUNDS[-1], cfg):
+            echo(f"  version {version}: {ROUNDS[-1]} labels per family would not decide it either: stop buying")
             break
     if used:
         echo(f"  version {version}: {used} expert labels on its own responses ({', '.join(families)})")
