@@ -20,6 +20,8 @@ from rlhf_mlflow.steps.main.labels import could_beat_champion
 from rlhf_mlflow.tracking.policy_model import REGISTERED_MODEL
 
 SPENDING = "0.7,0.1,0.1,0.1"
+LOOKS = ("--label-spending", SPENDING, "--min-labels", 4)
+GATES = LENIENT + ",min_labels=4"
 
 
 def test_a_spending_rule_gives_each_look_its_share_of_the_error_budget():
@@ -48,22 +50,22 @@ def _certify(version, world, labels, *extra):
 def test_each_new_labels_file_is_the_next_look_and_release_counts_again(tiny_world, tmp_path):
     v = _register(sharpened(tiny_world, str(tmp_path / "far")))
     os.makedirs(tmp_path / "a"), os.makedirs(tmp_path / "b")
-    first = _labelled(tiny_world, v, tmp_path / "a", per_family=20)
-    run1, report = _certify(v, tiny_world, first, "--label-spending", SPENDING)
+    first = _labelled(tiny_world, v, tmp_path / "a", per_family=4)   # few labels: the looks are what is tested
+    run1, report = _certify(v, tiny_world, first, *LOOKS)
     assert report["config"]["label_look"] == 1
-    run1b, report = _certify(v, tiny_world, first, "--label-spending", SPENDING)   # the same labels again: the same look
+    run1b, report = _certify(v, tiny_world, first, *LOOKS)   # the same labels again: the same look
     assert report["config"]["label_look"] == 1
-    more = _labelled(tiny_world, v, tmp_path / "b", per_family=30)                  # a round more: 30 per family
-    run2, report = _certify(v, tiny_world, more, "--label-spending", SPENDING)
+    more = _labelled(tiny_world, v, tmp_path / "b", per_family=6)    # a round more
+    run2, report = _certify(v, tiny_world, more, *LOOKS)
     assert report["config"]["label_look"] == 2
     looks = [r["ppi"]["looks"] for r in report["families"].values() if r.get("ppi")]
     assert looks and all(x == pytest.approx(10.0) for x in looks)   # look 2's share: 0.1 of the budget
     # a union bound over one look cannot be claimed at the second: refused before any run
     runs_before = len(mlflow.search_runs(search_all_experiments=True, output_format="list"))
-    res = _run("certify", "--model-version", v, "--world", tiny_world, "--policy-labels", more)
+    res = _run("certify", "--model-version", v, "--world", tiny_world, "--policy-labels", more, "--min-labels", 4)
     assert res.exit_code != 0 and "not valid at look 2" in res.output, res.output
     assert len(mlflow.search_runs(search_all_experiments=True, output_format="list")) == runs_before
-    res = _run("release", "--model-version", v, "--certification-run", run2, "--guardrails", LENIENT)
+    res = _run("release", "--model-version", v, "--certification-run", run2, "--guardrails", GATES)
     assert res.exit_code == 0 and "look" not in res.output, res.output     # recounted: look 2, as certified
     # main buys labels for a later candidate only if its reward model's estimate clears this champion's lower bound
     lo = report["balanced"]["lo"]
@@ -73,13 +75,15 @@ def test_each_new_labels_file_is_the_next_look_and_release_counts_again(tiny_wor
     worth, why = could_beat_champion(guess(lo - 0.01))
     assert not worth and f"champion v{v}'s certified lower bound {lo:.3f}" in why
     assert could_beat_champion(guess(lo + 0.01)) == (True, "")
-    # a certify run of this version with other labels that started before look 1 (as a concurrent one would):
-    # the store now makes `more` look 3, and release refuses the report that says 2
+    # a certify run of this version with other labels that started before look 1 (as a concurrent one would),
+    # in an experiment deleted since: the store still makes `more` look 3, and release refuses the report
+    # that says 2
     client = mlflow.MlflowClient()
     started = client.get_run(run1).info
-    ghost = client.create_run(started.experiment_id, start_time=started.start_time - 1,
-                              tags={"rlhf.step": "certify"})
+    hidden = client.create_experiment("hidden")
+    ghost = client.create_run(hidden, start_time=started.start_time - 1, tags={"rlhf.step": "certify"})
     client.log_param(ghost.info.run_id, "model_version", v)
     client.log_param(ghost.info.run_id, "policy_labels_sha256", "f" * 64)
-    res = _run("release", "--model-version", v, "--certification-run", run2, "--guardrails", LENIENT)
+    client.delete_experiment(hidden)
+    res = _run("release", "--model-version", v, "--certification-run", run2, "--guardrails", GATES)
     assert res.exit_code != 0 and "look 2" in res.output and "look 3" in res.output, res.output

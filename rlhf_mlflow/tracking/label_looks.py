@@ -5,15 +5,14 @@ the looks planned (`label_looks`), or a share of the error budget fixed before t
 (`label_spending`, decisions/labelled.py). So the look a certification is at must come from the store,
 not from the user: each distinct labels file (by content, sha256) that a certify run of the version
 used is one look, in the order the runs started; the same file certified again is the same look. Runs
-of every experiment and lifecycle stage count (deleting a run does not undo a look), FINISHED and
-RUNNING ones (a concurrent one counts); a FAILED or KILLED run showed no interval. certify asks before
+of every experiment and lifecycle stage count (deleting a run or its experiment does not undo a look),
+FINISHED and RUNNING ones (a concurrent one counts); a FAILED or KILLED run showed no interval. certify asks before
 its run which look it is; release asks again up to the certification run's start and refuses a report
 whose look differs (ties in start time count against it: concurrent looks fail closed).
 """
 from __future__ import annotations
 
-import mlflow
-from mlflow.entities import ViewType
+from rlhf_mlflow.tracking.store_search import every_run
 
 LABEL_SHA_PARAMS = ("policy_labels_sha256", "labels_sha256")
 """The parameters a certify run names its labels file's sha256 by (certify, certify-table)."""
@@ -36,9 +35,7 @@ def labels_sha(params: dict) -> str | None:
 def looks(version: str | int, until_ms: int | None = None, exclude_run: str | None = None) -> list[str]:
     """The distinct labels files (sha256) the version's labelled certify runs used, in the order of their
     first use; `until_ms`: only runs started at or before then; `exclude_run`: leave that run out."""
-    runs = mlflow.search_runs(search_all_experiments=True, run_view_type=ViewType.ALL, output_format="list",
-                              filter_string=f"tags.`rlhf.step` = 'certify' and params.model_version = '{version}'",
-                              order_by=["attributes.start_time ASC"])
+    runs = every_run(f"tags.`rlhf.step` = 'certify' and params.model_version = '{version}'")
     out: list[str] = []
     for run in sorted(runs, key=lambda r: (r.info.start_time, r.info.run_id)):
         if run.info.status not in COUNTED or run.info.run_id == exclude_run:

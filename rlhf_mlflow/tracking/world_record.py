@@ -15,12 +15,12 @@ import json
 from dataclasses import dataclass
 
 import mlflow
-from mlflow.entities import ViewType
 
 from rlhf_mlflow.core.digest import digest_of
 from rlhf_mlflow.core.errors import InputError
 from rlhf_mlflow.core.world_paths import WorldPaths, files_differ, world_files
 from rlhf_mlflow.tracking.runs import MAX_PARAM
+from rlhf_mlflow.tracking.store_search import every_run
 
 DIGEST, FILES = "world_sha256", "world_files"
 
@@ -68,13 +68,11 @@ def record_of(params: dict, run_id: str) -> WorldRecord | None:
 
 
 def first_record(world_id: str | None) -> WorldRecord | None:
-    """The earliest record in the store (any experiment, deleted runs included) of the world its builder
+    """The earliest record in the store (any experiment, deleted experiments and runs included) of the world its builder
     named `world_id`, or None."""
     if not world_id:
         return None
-    runs = mlflow.search_runs(search_all_experiments=True, run_view_type=ViewType.ALL, output_format="list",
-                              filter_string=f"params.world_id = '{world_id}'",
-                              order_by=["attributes.start_time ASC"])
+    runs = every_run(f"params.world_id = '{world_id}'")
     for run in runs:
         record = record_of(run.data.params, run.info.run_id)
         if record is not None:
