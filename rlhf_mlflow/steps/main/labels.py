@@ -17,6 +17,7 @@ import math
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from statistics import NormalDist
 
 from rlhf_mlflow.core import records as D
 from rlhf_mlflow.core import vocab as V
@@ -75,12 +76,15 @@ def decided(report: dict, cfg: G.GuardrailConfig = G.GuardrailConfig()) -> bool:
 
 
 def futile(report: dict, labels_now: int, labels_last: int, cfg: G.GuardrailConfig = G.GuardrailConfig()) -> bool:
-    """Whether the last look would not decide it either: a threshold inside its interval now would still be
-    inside the interval at `labels_last` per family if its estimate stayed where it is (the half-width
-    shrunk by sqrt(labels_now / labels_last); the quantile's change between the looks left out)."""
+    """Whether the last look would most likely not decide it either: a threshold inside its interval now
+    would still be inside the interval it would have at `labels_last` per family (the half-width shrunk
+    by sqrt(labels_now / labels_last)) even after its estimate moved a standard deviation of what the
+    new labels add (half-width / z, times sqrt(1 - labels_now / labels_last)) away from the threshold.
+    On the benchmark world an estimate that stayed put was not enough: one moved 0.6 of that and decided."""
     inside = open_thresholds(report, cfg)
-    shrink = math.sqrt(labels_now / labels_last)
-    return bool(inside) and any(abs(est - t) < (hi - lo) / 2 * shrink for est, lo, hi, t in inside)
+    shrink, z = math.sqrt(labels_now / labels_last), NormalDist().inv_cdf(0.95)
+    return bool(inside) and any(abs(est - t) + (hi - lo) / 2 / z * math.sqrt(1 - shrink ** 2) < (hi - lo) / 2 * shrink
+                                for est, lo, hi, t in inside)
 
 
 LEDGER = "labels_bought.json"
