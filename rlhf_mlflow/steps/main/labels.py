@@ -81,10 +81,12 @@ def futile(report: dict, labels_now: int, labels_last: int, cfg: G.GuardrailConf
     by sqrt(labels_now / labels_last)) even after its estimate moved a standard deviation of what the
     new labels add (half-width / z, times sqrt(1 - labels_now / labels_last)) away from the threshold.
     On the benchmark world an estimate that stayed put was not enough: one moved 0.6 of that and decided."""
-    inside = open_thresholds(report, cfg)
     shrink, z = math.sqrt(labels_now / labels_last), NormalDist().inv_cdf(0.95)
-    return bool(inside) and any(abs(est - t) + (hi - lo) / 2 / z * math.sqrt(1 - shrink ** 2) < (hi - lo) / 2 * shrink
-                                for est, lo, hi, t in inside)
+    for est, lo, hi, t in open_thresholds(report, cfg) or []:
+        half = (hi - lo) / 2
+        if abs(est - t) + half / z * math.sqrt(1 - shrink ** 2) < half * shrink:
+            return True
+    return False
 
 
 LEDGER = "labels_bought.json"
