@@ -18,8 +18,9 @@ label_spending=steps.main.labels.SPENDING at that look (`spending`): the same la
 the rule differs (each rule stops on its own intervals).
 Writes every replication to --out/<world>.jsonl (a rerun continues); prints per world and rule the
 coverage per family and look, and last lines `coverage_min_stopped: X` (the lowest family coverage at
-main's stopping look over worlds and rules) and `width_ratio_look1: Y` (spending's mean family width
-over union's at look 1).
+main's stopping look over worlds and rules), `width_ratio_look1: Y` (spending's mean family width
+over union's at look 1) and `labels_at_stop_ratio: Z` (spending's mean labels per family where main
+stopped, over union's).
 """
 from __future__ import annotations
 
@@ -136,7 +137,8 @@ def summarise(meta: dict, reps: list[dict]) -> dict:
                                   for g in groups},
                      "reached": {str(look): len(width[look]) // len(V.FAMILIES) for look in looks},
                      "width": {str(k): float(np.mean(v)) if v else None for k, v in width.items()},
-                     "stop_looks": {str(k): stops.count(k) for k in sorted(set(stops))}}
+                     "stop_looks": {str(k): stops.count(k) for k in sorted(set(stops))},
+                     "labels_at_stop": float(np.mean([ROUNDS[k - 1] for k in stops]))}
     return res
 
 
@@ -145,7 +147,8 @@ def show(meta: dict, res: dict, n: int) -> None:
           f"{meta['truth']['truth/balanced']:.3f}")
     fmt = lambda v: "-" if v is None else f"{v:.3f}"  # noqa: E731
     for name, r in res.items():
-        print(f"\n{name}: main stopped at look {r['stop_looks']}; mean family width per look "
+        print(f"\n{name}: main stopped at look {r['stop_looks']} (labels per family at the stop: "
+              f"{r['labels_at_stop']:.1f} on average); mean family width per look "
               + ", ".join(f"{k}: {v:.3f}" for k, v in r["width"].items() if v is not None))
         print("| group | " + " | ".join(f"look {k} ({r['reached'][str(k)]})" for k in range(1, len(ROUNDS) + 1))
               + " | stopped |")
@@ -165,7 +168,7 @@ def main() -> None:
     ap.add_argument("--out", default="/tmp/label_looks")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
-    worst, ratios = [], []
+    worst, ratios, stops = [], [], []
     for item in a.worlds:
         seed, spec = item.split(":", 1)
         meta = prepare(int(seed), spec, a)
@@ -183,8 +186,10 @@ def main() -> None:
         show(meta, res, min(len(done), a.reps))
         worst += [c["stopped"] for r in res.values() for g, c in r["coverage"].items() if g != "balanced"]
         ratios.append(res["spending"]["width"]["1"] / res["union"]["width"]["1"])
+        stops.append(res["spending"]["labels_at_stop"] / res["union"]["labels_at_stop"])
     print(f"\ncoverage_min_stopped: {min(worst):.3f}")
     print(f"width_ratio_look1: {float(np.mean(ratios)):.3f}")
+    print(f"labels_at_stop_ratio: {float(np.mean(stops)):.3f}")
 
 
 if __name__ == "__main__":
