@@ -48,7 +48,7 @@ from rlhf_mlflow.core.world_paths import WorldPaths  # noqa: E402
 from rlhf_mlflow.decisions.certify import CertifyConfig, aggregate, estimate_families  # noqa: E402
 from rlhf_mlflow.evidence.certify_evidence import families_evidence, labelled_scores  # noqa: E402
 from rlhf_mlflow.evidence.label_requests import draw_requests  # noqa: E402
-from rlhf_mlflow.steps.main.labels import ROUNDS, SPENDING, decided, futile  # noqa: E402
+from rlhf_mlflow.steps.main.labels import ROUNDS, SPENDING, stop_reason  # noqa: E402
 from rlhf_mlflow.world import corruptions as C  # noqa: E402
 from rlhf_mlflow.world.annotator import label_requests  # noqa: E402
 from rlhf_mlflow.world.build import ensure_world  # noqa: E402
@@ -85,8 +85,8 @@ def prepare(seed: int, spec: str, a) -> dict:
 
 def replication(args: tuple[dict, int]) -> dict:
     """One label draw certified as main certifies it, under each rule: look after look (20, 30, 40, 50
-    labels per family) until main's stopping rule says decided; per look each family's interval (and the
-    balanced one) and whether it was decided."""
+    labels per family) until main's stopping rule (stop_reason) says stop; per look each family's interval
+    (and the balanced one), whether main stopped there and whether for futility."""
     meta, rep = args
     torch.set_num_threads(1)
     world = WorldPaths.at(meta["root"])
@@ -104,8 +104,8 @@ def replication(args: tuple[dict, int]) -> dict:
             rows, draws, ref_draws = estimate_families(evidence, sub, labelled_scores(rm, wrapper, sub), cfg)
             report = {"families": rows, "balanced": aggregate(rows, draws, ref_draws, {f: 1.0 for f in V.FAMILIES}, cfg)}
             keep = ("certifiable", "estimate", "lo", "hi")
-            stop = decided(report) or (k < ROUNDS[-1] and futile(report, k, ROUNDS[-1]))
-            out["looks"][f"{name}/{look}"] = {"decided": stop, "futile": stop and not decided(report),
+            stop = stop_reason(report, k)
+            out["looks"][f"{name}/{look}"] = {"decided": bool(stop), "futile": stop == "futile",
                                               **{g: {x: r.get(x) for x in keep} for g, r in
                                                  {**rows, "balanced": report["balanced"]}.items()}}
             if stop:

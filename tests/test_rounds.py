@@ -16,7 +16,7 @@ import pytest
 from rlhf_mlflow.core import records as D
 from rlhf_mlflow.core.world_paths import WorldPaths
 from rlhf_mlflow.steps.main.labels import (decided, futile, note_purchase, open_thresholds, predicted_balanced,
-                                           purchase_metrics, purchases, purchases_markdown)
+                                           purchase_metrics, purchases, purchases_markdown, stop_reason)
 from rlhf_mlflow.steps.main.rounds import labels_so_far, recipe_of, round_of
 from rlhf_mlflow.tracking import rm_registry as RMR
 
@@ -59,6 +59,8 @@ def test_labels_stop_once_decided_or_once_the_last_round_could_not_decide_either
     far = _gains((0.2, 0.1, 0.3), (0.02, -0.035, 0.075))             # 0.05 from it: 50 labels would decide
     assert not decided(far) and not futile(far, 20, 50)
     assert open_thresholds({**clear, "balanced": {"certifiable": False}}) is None   # more labels may certify it
+    assert [stop_reason(r, 20) for r in (clear, close, far)] == ["decided", "futile", None]
+    assert stop_reason(close, 50) is None and stop_reason(clear, 50) == "decided"   # the last round: no futility
 
 
 def test_a_candidate_is_screened_by_its_predicted_balanced_quality():

@@ -99,3 +99,10 @@ def check_prompts_known(labels: list[dict], prompt_files: dict[str, list[dict]],
         if (rec["family"], tuple(rec["attrs"])) not in known:
             raise InputError(f"label {i} (id {rec['id']!r}, {rec['family']} {rec['attrs']}): its prompt is in none of "
                              f"world {world}'s prompt files ({', '.join(prompt_files)}): labels for another world?")
+
+
+def labels_used(file: str, sha256: str, labels: list[dict], bought_on: dict) -> dict:
+    """What a report says of the expert labels it used (`labels`: records with `id` and `family`): the
+    file and its sha256, which policy's answers they were bought on, and every label's id per family."""
+    return {"file": file, "sha256": sha256, "labels": len(labels), "bought_on": bought_on,
+            "ids": {f: [str(r["id"]) for r in rows] for f, rows in D.group_by_family(labels).items()}}

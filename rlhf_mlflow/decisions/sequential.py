@@ -31,8 +31,6 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
-
 from rlhf_mlflow.core.errors import InputError
 
 
@@ -68,7 +66,7 @@ def spending_shares(text: str) -> tuple[float, ...]:
         shares = tuple(float(v) for v in str(text).split(","))
     except ValueError:
         raise InputError(f"label_spending {text!r}: comma-separated numbers, e.g. 0.7,0.1,0.1,0.1") from None
-    if len(shares) > MAX_LOOKS or not all(np.isfinite(v) and v > 0 for v in shares) or sum(shares) > 1 + 1e-9:
+    if len(shares) > MAX_LOOKS or not all(math.isfinite(v) and v > 0 for v in shares) or sum(shares) > 1 + 1e-9:
         raise InputError(f"label_spending {text!r}: at most {MAX_LOOKS} shares, each > 0, adding up to at most 1")
     return shares
 

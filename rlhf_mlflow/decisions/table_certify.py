@@ -32,6 +32,7 @@ from rlhf_mlflow.core import vocab as V
 from rlhf_mlflow.core.digest import content_sha256
 from rlhf_mlflow.decisions import ope_math as O
 from rlhf_mlflow.decisions.certify import ESTIMATOR_VERSION, CertifyConfig, aggregate, estimate_families
+from rlhf_mlflow.decisions.label_requests import labels_used
 
 TABLE_INPUTS = ("samples", "labels", "expert_set", "diagnostic")
 MIN_EXPERT_ROWS = 10
@@ -86,12 +87,9 @@ def table_report(inputs: dict, cfg: CertifyConfig = CertifyConfig(), shortcuts: 
     if inputs.get("expert_set"):
         report["input_sha256"]["gold"] = report["input_sha256"]["expert_set"]  # what champions are compared on
     family_of = {r["id"]: r["family"] for r in samples}
-    ids: dict[str, list[str]] = {}
-    for rid in labels:
-        ids.setdefault(family_of[rid], []).append(rid)
-    report["labels_used"] = {"file": inputs["labels"], "sha256": report["input_sha256"]["labels"], "labels": len(labels),
-                             "bought_on": {"samples": inputs["samples"], "samples_sha256": report["input_sha256"]["samples"]},
-                             "ids": ids}
+    report["labels_used"] = labels_used(inputs["labels"], report["input_sha256"]["labels"],
+                                        [{"id": rid, "family": family_of[rid]} for rid in labels],
+                                        {"samples": inputs["samples"], "samples_sha256": report["input_sha256"]["samples"]})
     return report
 
 

@@ -23,7 +23,7 @@ from rlhf_mlflow.core.reward_wrapper import load_wrapper
 from rlhf_mlflow.core.world_paths import WORLD_INPUTS, WorldPaths, input_problem
 from rlhf_mlflow.decisions import certify as C
 from rlhf_mlflow.decisions import sequential as S
-from rlhf_mlflow.decisions.label_requests import check_labels
+from rlhf_mlflow.decisions.label_requests import check_labels, labels_used
 from rlhf_mlflow.evidence import certify as EC
 from rlhf_mlflow.steps.figures import certification_plot
 from rlhf_mlflow.steps.outputs import check_out
@@ -141,11 +141,11 @@ def run_certify(version: str | None = None, policy: str | None = None, world: Wo
                         "--diagnostic": diagnostic if isinstance(diagnostic, str) else None,
                         "--world": world.root if world else None})
     wrapper = load_wrapper(inputs.get("correction"))  # the bytes hashed below are the bytes certify executes
-    cfg = EC.config_for(cfg, inputs.get("rm_dir"))  # as certify applies it: the parameters logged are the ones used
-    cfg = at_look(cfg, version, inputs.get("policy_labels"))
+    hashes = {k: content_sha256(v) for k, v in inputs.items() if k != "correction" and os.path.exists(v)}
+    cfg = at_look(EC.config_for(cfg, inputs.get("rm_dir")), version, hashes.get("policy_labels"))  # as used, logged
     params = {**inputs, "model_version": version, "policy": policy, "policy_impl": policy_impl, "reward_impl": reward_impl,
               "diagnostic": diagnostic if isinstance(diagnostic, str) or diagnostic is None else "(in memory)",
-              **{f"{k}_sha256": content_sha256(v) for k, v in inputs.items() if k != "correction" and os.path.exists(v)},
+              **{f"{k}_sha256": sha for k, sha in hashes.items()},
               **{f"certify.{k}": v for k, v in cfg.__dict__.items()}}
     if wrapper:
         params["correction_sha256"] = wrapper.sha256
@@ -163,7 +163,7 @@ def run_certify(version: str | None = None, policy: str | None = None, world: Wo
             policy, model_id = REG.download_policy(version)
         if wrapper:
             T.log_bytes(wrapper.source, os.path.basename(wrapper.path), "correction")
-        labels, bought_on = _checked_labels(inputs.get("policy_labels"), version)
+        labels, used = _checked_labels(inputs.get("policy_labels"), version, hashes.get("policy_labels"))
         report = EC.certify(policy, inputs["reference"], inputs["gold"], rm_dir=inputs.get("rm_dir"),
                             correction=wrapper, diagnostic=diagnostic, pilot_prompts=inputs.get("pilot_prompts"),
                             cfg=cfg, policy_labels=inputs.get("policy_labels"), policy_impl=policy_impl,
@@ -171,8 +171,8 @@ def run_certify(version: str | None = None, policy: str | None = None, world: Wo
         T.log_params({RULES_PARAM: rules_sha256(report.get("shortcut_rules"))})  # what release checks them by
         report["subject"] = ({"registered_model": REG.REGISTERED_MODEL, "model_version": str(version),
                               "model_id": model_id} if version else {"policy": policy})
-        if labels:
-            report["labels_used"] = labels_used(inputs["policy_labels"], labels, bought_on)
+        if used:
+            report["labels_used"] = used
         _log_report(report, model_id, labels, out)
         sha = T.log_json_artifact(report, REG.CERT_ARTIFACT)
         if version:  # last: a failure above leaves the version untagged
@@ -182,13 +182,13 @@ def run_certify(version: str | None = None, policy: str | None = None, world: Wo
     return {"run_id": run.info.run_id, "report": report}
 
 
-def at_look(cfg: C.CertifyConfig, version: str | None, labels: str | None) -> C.CertifyConfig:
-    """`cfg` at the look the version's labels file is, counted from the store (tracking/label_looks.py):
-    with a spending rule, its `label_look`; with a union bound, refused beyond `label_looks`. A plain
-    checkpoint's looks are the caller's to count."""
-    if not (version and labels) or cfg.label_sequential:
+def at_look(cfg: C.CertifyConfig, version: str | None, labels_sha: str | None) -> C.CertifyConfig:
+    """`cfg` at the look the version's labels file (its sha256) is, counted from the store
+    (tracking/label_looks.py): with a spending rule, its `label_look`; with a union bound, refused beyond
+    `label_looks`. A plain checkpoint's looks are the caller's to count."""
+    if not (version and labels_sha) or cfg.label_sequential:
         return cfg
-    look = LL.look_of(content_sha256(labels), LL.looks(version))
+    look = LL.look_of(labels_sha, LL.looks(version))
     before = f"version {version}'s labels were looked at by {look - 1} certify runs with other labels files before"
     shares = S.spending_shares(cfg.label_spending)
     if shares:
@@ -202,12 +202,13 @@ def at_look(cfg: C.CertifyConfig, version: str | None, labels: str | None) -> C.
     return cfg
 
 
-def _checked_labels(path: str | None, version: str | None) -> tuple[list[dict], dict]:
-    """Policy labels as given, checked (and, for a version, against the requests logged for it), and
-    what they were bought on: the version and the label_requests run whose requests they answer (a plain
-    checkpoint's labels were checked against nothing: they name the checkpoint)."""
+def _checked_labels(path: str | None, version: str | None, sha256: str | None) -> tuple[list[dict], dict | None]:
+    """Policy labels as given, checked (and, for a version, against the requests logged for it), and the
+    report's `labels_used`: the file with its sha256 (as the run logged it) and what they were bought on,
+    the version and the label_requests run whose requests they answer (a plain checkpoint's labels were
+    checked against nothing: they name the checkpoint)."""
     if not path:
-        return [], {}
+        return [], None
     labels = D.read_jsonl(path, labelled=True, scale=D.EXPERT)
     mv = REG.get_version(version) if version else None
     requests = REG.label_requests_for(mv) if mv is not None else None
@@ -216,17 +217,7 @@ def _checked_labels(path: str | None, version: str | None) -> tuple[list[dict], 
     bought_on = ({"registered_model": REG.REGISTERED_MODEL, "model_version": str(version),
                   "label_requests_run": mv.tags.get("label_requests.run_id")} if mv is not None
                  else {"policy": "the --policy checkpoint (labels not checked against logged requests)"})
-    return labels, bought_on
-
-
-def labels_used(path: str, labels: list[dict], bought_on: dict) -> dict:
-    """What a report says of the expert labels it used: the file and its sha256, which policy's answers
-    they were bought on (`bought_on`), and every label's id per family."""
-    ids: dict[str, list[str]] = {}
-    for rec in labels:
-        ids.setdefault(rec["family"], []).append(str(rec["id"]))
-    return {"file": os.path.abspath(path), "sha256": content_sha256(path), "labels": len(labels),
-            "bought_on": bought_on, "ids": ids}
+    return labels, labels_used(path, sha256, labels, bought_on)
 
 
 def _log_report(report: dict, model_id: str | None, labels: list[dict], out: str | None) -> None:

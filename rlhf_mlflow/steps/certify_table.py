@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 
+from rlhf_mlflow.core.checkpoint import content_sha256
 from rlhf_mlflow.core.errors import InputError
 from rlhf_mlflow.core.world_paths import WorldPaths
 from rlhf_mlflow.decisions import certify as C
@@ -41,7 +42,7 @@ def run_certify_table(samples: str, labels: str, expert_set: str | None = None, 
                            "diagnostic": diagnostic}.items()}
     if out:
         check_out(out, {f"--{k.replace('_', '-')}": v for k, v in inputs.items()})
-    cfg = at_look(cfg, version, inputs["labels"])
+    cfg = at_look(cfg, version, content_sha256(inputs["labels"]))
     report = table_report(inputs, cfg)  # every table read and checked before any run or version exists
     mv = REG.get_version(version) if version else None
     if mv is not None:

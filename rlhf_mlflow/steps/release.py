@@ -201,7 +201,7 @@ def _disagrees_with_params(report: dict, params: dict) -> str | None:
     """Where a report's inputs, their hashes or its thresholds differ from what its certify run logged as
     parameters (a run's parameters cannot be changed once logged; an artifact can be replaced)."""
     def logged(key):  # under `mlflow run` the launcher logs the raw value and certify the resolved one
-        return params.get(f"resolved.{key}", params.get(key))
+        return T.logged_param(params, key)
     inputs, hashes, config = report.get("inputs", {}), report.get("input_sha256", {}), report.get("config", {})
     for k in (*INPUTS, *IMPLS):
         said, ran = inputs.get(k), logged(k)

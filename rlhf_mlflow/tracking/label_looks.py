@@ -12,6 +12,7 @@ whose look differs (ties in start time count against it: concurrent looks fail c
 """
 from __future__ import annotations
 
+from rlhf_mlflow.tracking.runs import logged_param
 from rlhf_mlflow.tracking.store_search import every_run
 
 LABEL_SHA_PARAMS = ("policy_labels_sha256", "labels_sha256")
@@ -19,29 +20,20 @@ LABEL_SHA_PARAMS = ("policy_labels_sha256", "labels_sha256")
 COUNTED = ("FINISHED", "RUNNING")
 
 
-def _param(params: dict, key: str) -> str | None:
-    """A parameter as the step logged it (under `mlflow run`, its resolved value)."""
-    return params.get(f"resolved.{key}", params.get(key))
-
-
 def labels_sha(params: dict) -> str | None:
     """The sha256 of the labels file a certify run's parameters name, or None (no labels)."""
-    for key in LABEL_SHA_PARAMS:
-        if _param(params, key):
-            return _param(params, key)
-    return None
+    return next((logged_param(params, k) for k in LABEL_SHA_PARAMS if logged_param(params, k)), None)
 
 
 def looks(version: str | int, until_ms: int | None = None, exclude_run: str | None = None) -> list[str]:
     """The distinct labels files (sha256) the version's labelled certify runs used, in the order of their
     first use; `until_ms`: only runs started at or before then; `exclude_run`: leave that run out."""
-    runs = every_run(f"tags.`rlhf.step` = 'certify' and params.model_version = '{version}'")
+    # the version as the step logged it (under `mlflow run` possibly only as `resolved.model_version`)
+    runs = [r for r in every_run("tags.`rlhf.step` = 'certify'")
+            if logged_param(r.data.params, "model_version") == str(version) and r.info.status in COUNTED
+            and r.info.run_id != exclude_run and (until_ms is None or r.info.start_time <= until_ms)]
     out: list[str] = []
     for run in sorted(runs, key=lambda r: (r.info.start_time, r.info.run_id)):
-        if run.info.status not in COUNTED or run.info.run_id == exclude_run:
-            continue
-        if until_ms is not None and run.info.start_time > until_ms:
-            continue
         sha = labels_sha(run.data.params)
         if sha and sha not in out:
             out.append(sha)

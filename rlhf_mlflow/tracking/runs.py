@@ -117,6 +117,11 @@ def log_params(params: dict) -> None:
         mlflow.log_params(out)
 
 
+def logged_param(params: dict, key: str):
+    """A parameter as the step logged it (log_params: under `mlflow run`, its `resolved.` value)."""
+    return params.get(f"resolved.{key}", params.get(key))
+
+
 MAX_TAG = 5000
 
 

@@ -89,6 +89,14 @@ def futile(report: dict, labels_now: int, labels_last: int, cfg: G.GuardrailConf
     return False
 
 
+def stop_reason(report: dict, labels_now: int, cfg: G.GuardrailConfig = G.GuardrailConfig()) -> str | None:
+    """Why `main` buys no more labels for a candidate after a look at `labels_now` per family: "decided",
+    "futile" (before the last round), or None (buy the next round)."""
+    if decided(report, cfg):
+        return "decided"
+    return "futile" if labels_now < ROUNDS[-1] and futile(report, labels_now, ROUNDS[-1], cfg) else None
+
+
 LEDGER = "labels_bought.json"
 """main's record of its expert labels: per purchase (purpose, round, version), the labels per family."""
 PURPOSES = ("certify", "repair")
@@ -183,10 +191,10 @@ def buy_labels(version: str, report: dict, world: WorldPaths, certify_kwargs: di
                              echo=lambda line, n=held: echo(f"  {n} expert labels: {line}"),
                              cfg=CertifyConfig(label_spending=SPENDING), run_name=f"certify-{look}-labels",
                              **certify_kwargs)["report"]
-        if decided(report, cfg):
-            break
-        if k < ROUNDS[-1] and futile(report, k, ROUNDS[-1], cfg):
+        stop = stop_reason(report, k, cfg)
+        if stop == "futile":
             echo(f"  version {version}: {ROUNDS[-1]} labels per family would not decide it either: stop buying")
+        if stop:
             break
     if used:
         echo(f"  version {version}: {used} expert labels on its own responses ({', '.join(families)})")
