@@ -164,6 +164,16 @@ def test_an_unwritable_out_is_refused_before_any_run(tiny_world, command, step):
     assert not _runs(step) and not _versions()
 
 
+@pytest.mark.parametrize("spending", ["0.9,0.9", "0.7,x", "0,1"])
+@pytest.mark.parametrize("command", [["certify", "--policy", "{world}/policy", "--world", "{world}"],
+                                     ["certify-table", "--samples", "s.jsonl", "--labels", "l.jsonl", "--register", "x",
+                                      "--model-uri", "{world}/policy"]])
+def test_a_bad_spending_rule_is_one_line_before_any_run(tiny_world, command, spending):
+    args = [str(a).format(world=tiny_world) for a in command] + ["--label-spending", spending]
+    line = _fails(_run(*args), f"label_spending '{spending}'")
+    assert len(line) < 200 and not _runs("certify") and not _versions()
+
+
 def test_correct_with_an_unwritable_out_starts_no_run(tiny_world, tmp_path):
     diag = tmp_path / "diag.json"
     diag.write_text(json.dumps({"families": {}}))
