@@ -222,6 +222,7 @@ def test_a_train_rl_run_with_the_watch_logs_its_names_and_the_fit_figure(tiny_wo
     figures = [a.path for a in client.list_artifacts(run.info.run_id, "figures")]
     assert "figures/gao_fits.png" in figures
     assert run.data.params["watch_every"] == "10" and run.data.params["early_stop"] == "warn"
+    assert run.data.params["select"] == "final"
 
 
 def test_stop_ends_the_run_finished_at_the_peak_and_registers_the_best_checkpoint(tiny_world, monkeypatch):
@@ -240,6 +241,11 @@ def test_stop_ends_the_run_finished_at_the_peak_and_registers_the_best_checkpoin
     assert tags["rlhf.watch.past_peak"] == "dune@30"
     assert tags["rlhf.watch.stopped"].startswith("step 30: dune past its peak")
     assert tags["rlhf.watch.best_step"] == "20" and tags["rlhf.registered_step"] == "20"
+    # chosen on the expert set's estimates, as the run's (immutable) parameters say: certify will not reuse it
+    assert run.data.params["select"] == "watch_best"
+    from rlhf_mlflow.core.checkpoint import content_sha256
+    from rlhf_mlflow.steps.selection import chosen_on
+    assert chosen_on("1")["expert_set_sha256"] == content_sha256(os.path.join(tiny_world, "data", "gold_calib.jsonl"))
     client = mlflow.MlflowClient()
     assert max(m.step for m in client.get_metric_history(run.info.run_id, "train/proxy/balanced")) == 30
     assert "checkpoints/watch_best" in [a.path for a in client.list_artifacts(run.info.run_id, "checkpoints")]

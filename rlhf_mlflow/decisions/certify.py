@@ -100,6 +100,14 @@ class CertifyConfig:
     reward model learnt from the expert set (a repaired one, repair.json beside its weights): its
     residuals there are in-sample, so the off-policy and joint estimates would be too sure; on a
     policy's own fresh labels it is a fixed predictor like any other (docs/REPAIR.md)."""
+    chosen_on_expert_set: bool = False
+    """True: the policy is a checkpoint chosen among its training run's by estimates from this expert set
+    (the over-optimisation watch's best point or proposal), so the expert set is no evidence of its value:
+    the best of many noisy estimates is biased upwards by the choice (the winner's curse), and the
+    off-policy and joint estimates would inherit the bias. Only labels on the policy's own fresh samples
+    certify it (the predictor may still learn from the expert set: it is not evidence, and PPI is unbiased
+    for any predictor the fresh labels did not choose). certify sets it from the version's training run
+    (steps/certify.py: chosen_on), and release checks it the same way."""
     family_correlation: float = 0.1
     """A mix's interval (balanced, pilot) allows this correlation between its families' errors
     (ope_math.mix_widening): the bootstrap draws each family's rows on their own, as if independent,
@@ -171,6 +179,8 @@ def estimate_family(ev: dict, cfg: CertifyConfig, idx: np.ndarray) -> tuple[dict
     row.update(support(row["ess"], row["khat"], row["pop_ess"], n, cfg))
     if not cfg.off_policy and row["certifiable"]:
         row.update(certifiable=False, reason=IN_SAMPLE)
+    elif cfg.chosen_on_expert_set and row["certifiable"]:
+        row.update(certifiable=False, reason=CHOSEN_ON)
     row["widening"] = O.small_sample_widening(min(row["ess"], row["pop_ess"]), cfg.ess_widening)
     draws = point + row["widening"] * (draws - point)
     lo_q, hi_q = (1 - cfg.level) / 2, (1 + cfg.level) / 2
@@ -220,3 +230,5 @@ def estimate_families(evidence: dict[str, dict], labelled: dict[str, list[dict]]
 
 
 IN_SAMPLE = "the reward model learnt from the expert set: certified from policy labels only"
+CHOSEN_ON = ("the checkpoint was chosen on this expert set's estimates (the watch): its number there is biased "
+             "upwards by the choice; certified from labels on its own samples only")

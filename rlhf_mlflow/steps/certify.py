@@ -27,6 +27,7 @@ from rlhf_mlflow.decisions.label_requests import check_labels, labels_used
 from rlhf_mlflow.evidence import certify as EC
 from rlhf_mlflow.steps.figures import certification_plot
 from rlhf_mlflow.steps.outputs import check_out
+from rlhf_mlflow.steps import selection as SEL
 from rlhf_mlflow.steps.reports import certification_markdown, rounded
 from rlhf_mlflow.tracking import label_looks as LL
 from rlhf_mlflow.tracking import metric_names as MN
@@ -143,6 +144,7 @@ def run_certify(version: str | None = None, policy: str | None = None, world: Wo
     wrapper = load_wrapper(inputs.get("correction"))  # the bytes hashed below are the bytes certify executes
     hashes = {k: content_sha256(v) for k, v in inputs.items() if k != "correction" and os.path.exists(v)}
     cfg = at_look(EC.config_for(cfg, inputs.get("rm_dir")), version, hashes.get("policy_labels"))  # as used, logged
+    cfg, chosen = SEL.for_expert_set(cfg, version, inputs["gold"])
     params = {**inputs, "model_version": version, "policy": policy, "policy_impl": policy_impl, "reward_impl": reward_impl,
               "diagnostic": diagnostic if isinstance(diagnostic, str) or diagnostic is None else "(in memory)",
               **{f"{k}_sha256": sha for k, sha in hashes.items()},
@@ -171,8 +173,7 @@ def run_certify(version: str | None = None, policy: str | None = None, world: Wo
         T.log_params({RULES_PARAM: rules_sha256(report.get("shortcut_rules"))})  # what release checks them by
         report["subject"] = ({"registered_model": REG.REGISTERED_MODEL, "model_version": str(version),
                               "model_id": model_id} if version else {"policy": policy})
-        if used:
-            report["labels_used"] = used
+        report.update({k: v for k, v in (("labels_used", used), ("chosen_on", chosen)) if v})
         _log_report(report, model_id, labels, out)
         sha = T.log_json_artifact(report, REG.CERT_ARTIFACT)
         if version:  # last: a failure above leaves the version untagged

@@ -20,6 +20,7 @@ from rlhf_mlflow.decisions import certify as C
 from rlhf_mlflow.decisions.table_certify import table_report
 from rlhf_mlflow.steps.certify import RULES_PARAM, _log_report, _short_summary, _summary_line, rules_sha256
 from rlhf_mlflow.steps.certify import at_look, check_world_inputs
+from rlhf_mlflow.steps import selection as SEL
 from rlhf_mlflow.steps.outputs import check_out
 from rlhf_mlflow.tracking import registry as REG
 from rlhf_mlflow.tracking import runs as T
@@ -43,7 +44,10 @@ def run_certify_table(samples: str, labels: str, expert_set: str | None = None, 
     if out:
         check_out(out, {f"--{k.replace('_', '-')}": v for k, v in inputs.items()})
     cfg = at_look(cfg, version, content_sha256(inputs["labels"]))
+    cfg, chosen = SEL.for_expert_set(cfg, version, inputs["expert_set"], table=True)
     report = table_report(inputs, cfg)  # every table read and checked before any run or version exists
+    if chosen:
+        report["chosen_on"] = chosen
     mv = REG.get_version(version) if version else None
     if mv is not None:
         check_world_inputs(inputs, WR.version_record(mv), version)

@@ -18,6 +18,7 @@ from rlhf_mlflow.core.errors import InputError
 from rlhf_mlflow.core.world_paths import WORLD_INPUTS
 from rlhf_mlflow.decisions import certify as C
 from rlhf_mlflow.decisions import guardrails as G
+from rlhf_mlflow.steps import selection as SEL
 from rlhf_mlflow.steps.certify import RULES_PARAM, rules_sha256, world_input_problem
 from rlhf_mlflow.decisions.table_certify import table_report
 from rlhf_mlflow.evidence import certify as EC
@@ -168,7 +169,8 @@ def recompute_certification(report: dict, version, run_id: str, trust_remote: bo
     refuse = f"certification run {run_id} refused for version {version.version}: "
     inputs, hashes = report.get("inputs", {}), report.get("input_sha256", {})
     run = T.get_run(run_id)
-    problem = _disagrees_with_params(report, run.data.params) or _look_problem(report, version, run)
+    problem = (_disagrees_with_params(report, run.data.params) or _look_problem(report, version, run)
+               or SEL.reuse_problem(report, version))
     if problem:
         raise InputError(refuse + problem)
     needed = ("samples", "labels") if report.get("kind") == "table" else ("reference", "gold")

@@ -32,7 +32,17 @@ def certification_markdown(report: dict) -> str:
              "bootstrap interval); ESS = its effective sample size. Expert labels: PPI++ on labels of the "
              "policy's own answers; both: one estimate weighted by their variances. Every number: "
              "certification_table.json.\n\n")
-    return title + about + head + "\n".join(lines) + "\n" + _labels_line(report.get("labels_used"))
+    return (title + about + head + "\n".join(lines) + "\n" + _labels_line(report.get("labels_used"))
+            + _chosen_line(report.get("chosen_on")))
+
+
+def _chosen_line(chosen: dict | None) -> str:
+    """That the expert set chose the checkpoint, so it was no evidence of its value (steps/selection.py)."""
+    if not chosen:
+        return ""
+    return (f"\nThe checkpoint was chosen on this expert set's estimates by {chosen['by']} (training run "
+            f"{chosen['train_run']}): the expert set is not evidence of its value (the winner's curse); only labels "
+            "on its own samples certify it.\n")
 
 
 def _labels_line(used: dict | None) -> str:

@@ -26,6 +26,7 @@ from rlhf_mlflow.core.process import process_state
 from rlhf_mlflow.core.reward_wrapper import load_wrapper
 from rlhf_mlflow.core.world_paths import WorldPaths, world_of_reference
 from rlhf_mlflow.steps.progress import training_progress
+from rlhf_mlflow.steps.selection import WATCH_SELECT, select_param
 from rlhf_mlflow.steps.train_rl_checkpoints import last_checkpoint, upload, write_checkpoint
 from rlhf_mlflow.steps.train_rl_watch import WATCH_FILES, RunWatch
 from rlhf_mlflow.tracking import metric_names as MN
@@ -40,11 +41,6 @@ from rlhf_mlflow.training.train_rl import Resume, train_rl
 CONFIG_ARTIFACT = "run_config.json"
 STEP = "train_rl"
 """The step's name: its runs' tag `rlhf.step`, and the command its --out's marker names."""
-WATCH_SELECT = ("watch_best", "watch_proposal")
-"""`select` by the watch: its best point where the expert set vouches for every family, or its proposal
-(the best estimate, vouched for or not: for a caller that buys labels to vouch for it, as `main` does)."""
-
-
 def input_hashes(cfg: RLConfig) -> dict[str, str]:
     """`<key>_sha256` of every input file or checkpoint the config names (a resume checks them)."""
     out = {}
@@ -83,7 +79,8 @@ def run_train_rl(cfg: RLConfig, world: WorldPaths | None = None, out: str | None
         D.read_jsonl(cfg.watch_gold, labelled=True, scale=D.EXPERT)
     wrapper = load_wrapper(cfg.reward_wrapper)
     world = world or world_of_reference(cfg.policy_ref)
-    params = {**asdict(cfg), **(WR.world_params(world) if world else {}), **input_hashes(cfg)}
+    params = {**asdict(cfg), **(WR.world_params(world) if world else {}), **input_hashes(cfg),
+              "select": select_param(select, cfg.early_stop)}
     if wrapper:
         params["reward_wrapper_sha256"] = wrapper.sha256
     tags = {"rlhf.recipe": recipe, "rlhf.register": str(register).lower(),
