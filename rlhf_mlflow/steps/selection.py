@@ -37,8 +37,8 @@ def select_param(select, early_stop: str) -> str:
 
 
 def chosen_on(version: str | None) -> dict | None:
-    """How the version's checkpoint was chosen by an expert set: {"by", "train_run", "expert_set_sha256"},
-    or None (registered as trained, by the caller's own rule, or not one of our training runs). InputError
+    """How the version's checkpoint was chosen by an expert set: {"by", "train_run", "expert_set_sha256",
+    "expert_set" (its path as the run logged it)}, or None (registered as trained, by the caller's own rule, or not one of our training runs). InputError
     when the version names a training run the store no longer has: how it was chosen cannot be known."""
     if not version:
         return None
@@ -50,16 +50,24 @@ def chosen_on(version: str | None) -> dict | None:
     except InputError:
         raise InputError(f"version {version}: its run {mv.run_id} is not in the store, so how its checkpoint was "
                          "chosen (on which expert set) cannot be known: register it again") from None
-    params = run.data.params
-    sha = params.get("watch_gold_sha256")
-    if run.data.tags.get("rlhf.step") != "train_rl" or not sha or float(params.get("watch_every") or 0) <= 0:
+    param = lambda key: T.logged_param(run.data.params, key)  # noqa: E731  (under `mlflow run`: resolved.<key>)
+    sha = param("watch_gold_sha256")
+    if run.data.tags.get("rlhf.step") != "train_rl" or not sha or not _watched(param("watch_every")):
         return None
-    select = params.get("select", run.data.tags.get("rlhf.select"))
-    if select in WATCH_SELECT or params.get("early_stop") == "stop":
+    select = param("select") or run.data.tags.get("rlhf.select")
+    if select in WATCH_SELECT or param("early_stop") == "stop":
         by = select if select in WATCH_SELECT else "early_stop=stop"
         return {"by": f"the watch ({by})", "train_run": mv.run_id, "expert_set_sha256": sha,
-                "expert_set": params.get("watch_gold")}
+                "expert_set": param("watch_gold")}
     return None
+
+
+def _watched(every) -> bool:
+    """Whether a run's watch_every parameter says the watch ran (one that is not a number: it may have)."""
+    try:
+        return float(every or 0) > 0
+    except ValueError:
+        return True
 
 
 def for_expert_set(cfg: C.CertifyConfig, version: str | None, expert_path: str | None, table: bool = False
