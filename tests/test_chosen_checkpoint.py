@@ -115,3 +115,25 @@ def test_the_same_answers_in_another_file_are_the_same_expert_set(tiny_world, tm
     assert not SEL.reuses(chosen, _write(tmp_path / "b.jsonl", half_b))      # other answers: evidence again
     _write(a, half_a[:-1])                                                     # the choosing file changed since
     assert SEL.reuses(chosen, tmp_path / "b.jsonl")                           # cannot be compared: not counted
+
+
+def test_certify_table_of_a_chosen_version_counts_only_its_labels(tiny_world, tmp_path):
+    """The expert set exported as a table (scores and log-probs beside each answer: another file, the same
+    answers) does not certify a checkpoint it chose either; the labelled families stand."""
+    from test_certify_table import _labels, export_tables
+    world = WorldPaths.at(tiny_world)
+    watched = {"watch_every": 10, "watch_gold": world.expert_set, "watch_gold_sha256": content_sha256(world.expert_set)}
+    chosen, _ = _register(tiny_world, **watched, select="watch_best")
+    labels = _labels(world.policy, world, 20, tmp_path / "labels.jsonl")
+    half = D.read_jsonl(labels, labelled=True)
+    _write(labels, [r for r in half if r["family"] in ("anvil", "birch")])           # labels in two families only
+    tables = export_tables(world.policy, world, labels, tmp_path)
+    res = _run("certify-table", "--samples", tables["samples"], "--labels", tables["labels"], "--expert-set",
+               tables["expert_set"], "--model-version", chosen)
+    assert res.exit_code == 0, res.output
+    run_id, report = _certification(chosen)
+    assert report["chosen_on"]["by"] == "the watch (watch_best)" and report["config"]["chosen_on_expert_set"]
+    rows = report["families"]
+    assert {f for f, r in rows.items() if r["certifiable"]} == {"anvil", "birch"}
+    assert all(rows[f]["evidence_weights"] == {"policy_labels": 1.0} for f in ("anvil", "birch"))
+    assert {rows[f]["reason"] for f in ("cobalt", "dune", "ember", "fjord")} == {CHOSEN_ON}
