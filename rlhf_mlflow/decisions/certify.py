@@ -107,7 +107,7 @@ class CertifyConfig:
     off-policy and joint estimates would inherit the bias. Only labels on the policy's own fresh samples
     certify it (the predictor may still learn from the expert set: it is not evidence, and PPI is unbiased
     for any predictor the fresh labels did not choose). certify sets it from the version's training run
-    (steps/certify.py: chosen_on), and release checks it the same way."""
+    (steps/selection.py), and release checks it again from the store."""
     family_correlation: float = 0.1
     """A mix's interval (balanced, pilot) allows this correlation between its families' errors
     (ope_math.mix_widening): the bootstrap draws each family's rows on their own, as if independent,

@@ -38,8 +38,9 @@ def select_param(select, early_stop: str) -> str:
 
 def chosen_on(version: str | None) -> dict | None:
     """How the version's checkpoint was chosen by an expert set: {"by", "train_run", "expert_set_sha256",
-    "expert_set" (its path as the run logged it)}, or None (registered as trained, by the caller's own rule, or not one of our training runs). InputError
-    when the version names a training run the store no longer has: how it was chosen cannot be known."""
+    "expert_set" (its path as the run logged it)}, or None (registered as trained, by the caller's own
+    rule, or not by a train_rl run). InputError when the version names a training run the store no longer
+    has: how it was chosen cannot be known."""
     if not version:
         return None
     mv = REG.get_version(version)
