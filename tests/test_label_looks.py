@@ -75,6 +75,10 @@ def test_each_new_labels_file_is_the_next_look_and_release_counts_again(tiny_wor
     worth, why = could_beat_champion(guess(lo - 0.01))
     assert not worth and f"champion v{v}'s certified lower bound {lo:.3f}" in why
     assert could_beat_champion(guess(lo + 0.01)) == (True, "")
+    # a candidate of this round that labels certified with every guardrail passing raises the bar before release
+    worth, why = could_beat_champion(guess(lo + 0.01), {"v7 (this round)": lo + 0.02})
+    assert not worth and f"v7 (this round)'s certified lower bound {lo + 0.02:.3f}" in why
+    assert could_beat_champion(guess(lo + 0.03), {"v7 (this round)": lo + 0.02}) == (True, "")
     # a certify run of this version with other labels that started before look 1 (as a concurrent one would),
     # in an experiment deleted since: the store still makes `more` look 3, and release refuses the report
     # that says 2

@@ -3,7 +3,9 @@ change a decision and only as many as it takes.
 
 A candidate is worth labels when certify refused some of its families off-policy while every
 guardrail that needs no estimate already passes (family KL, marker collapse), and its reward model's
-own estimate says it could beat the champion: the labels can only help it there. Labels are bought in
+own estimate says it could beat the champion, and the round's candidates certified before it (Purchases:
+a round buys once its candidates have all trained, the most promising first): the labels can only help
+it there. Labels are bought in
 rounds (20 per refused family, then 10 more, up to 50), each round re-certified; a family is certified
 from its labels once it has 20 (decisions/labelled.py), and each look's interval has its share of the
 error budget (SPENDING, fixed before the first look; the look counted from the store), so stopping
@@ -16,7 +18,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from statistics import NormalDist
 
 from rlhf_mlflow.core import records as D
@@ -136,32 +138,79 @@ def predicted_balanced(report: dict) -> float | None:
     return sum(vals) if vals else None
 
 
-def could_beat_champion(report: dict) -> tuple[bool, str]:
+def could_beat_champion(report: dict, rivals: dict[str, float] | None = None) -> tuple[bool, str]:
     """Whether labels could make this candidate the champion: its predicted balanced quality above the
     champion's certified lower bound (beats_champion needs its certified estimate above the champion's
-    estimate). True with no champion, or nothing to compare."""
+    estimate), and above every lower bound in `rivals` (name -> lower bound: this round's candidates
+    certified with every guardrail passing, one of which release will promote unless a better one
+    comes). True with nothing to compare."""
+    bars = dict(rivals or {})
     champion = REG.champion_version()
-    if champion is None:
-        return True, ""
-    bal = REG.champion_certification(champion)["balanced"]
+    if champion is not None:
+        bal = REG.champion_certification(champion)["balanced"]
+        if bal.get("certifiable"):
+            bars[f"champion v{champion.version}"] = bal["lo"]
     guess = predicted_balanced(report)
-    if not bal.get("certifiable") or guess is None or guess > bal["lo"]:
+    if not bars or guess is None:
         return True, ""
-    return False, (f"its reward model's estimate {guess:.3f} is below champion v{champion.version}'s certified "
-                   f"lower bound {bal['lo']:.3f}")
+    who, lo = max(bars.items(), key=lambda kv: kv[1])
+    if guess > lo:
+        return True, ""
+    return False, f"its reward model's estimate {guess:.3f} is below {who}'s certified lower bound {lo:.3f}"
+
+
+def releasable(report: dict, cfg: G.GuardrailConfig) -> bool:
+    """Whether release would promote this certification now (every guardrail, against today's champion)."""
+    champion = REG.champion_version()
+    against = REG.champion_certification(champion) if champion is not None else None
+    return all(ok for ok, _ in G.evaluate(report, cfg, against).values())
+
+
+@dataclass
+class Purchases:
+    """A round's label purchases, made once all its candidates have trained, the most promising first
+    (predicted_balanced): each is screened against the champion and against the round's candidates already
+    certified with every guardrail passing (could_beat_champion), so a candidate the round's best beats
+    anyway buys nothing, whichever of them finished training first."""
+    world: WorldPaths
+    out_dir: str
+    budget: LabelBudget
+    gates: G.GuardrailConfig
+    echo: Callable[[str], None]
+    pending: list = field(default_factory=list)
+
+    def add(self, version: str, report: dict, inputs: dict, expert_set_lines: Sequence[str], round_: int,
+            done: Callable[[], None]) -> None:
+        """A candidate's certification from the expert set alone; `done` runs once its purchase is over."""
+        self.pending.append((version, report, inputs, tuple(expert_set_lines), round_, done))
+
+    def settle(self) -> None:
+        def promise(item):
+            guess = predicted_balanced(item[1])
+            return -math.inf if guess is None else guess
+        rivals: dict[str, float] = {}
+        order, self.pending = sorted(self.pending, key=promise, reverse=True), []
+        for version, report, inputs, lines, round_, done in order:
+            final = buy_labels(version, report, self.world, inputs, self.budget, self.out_dir, self.echo,
+                               self.gates, lines, round_, rivals)
+            if final["balanced"].get("certifiable") and releasable(final, self.gates):
+                rivals[f"v{version} (this round)"] = final["balanced"]["lo"]
+            done()
 
 
 def buy_labels(version: str, report: dict, world: WorldPaths, certify_kwargs: dict, budget: LabelBudget,
                out_dir: str, echo: Callable[[str], None], cfg: G.GuardrailConfig = G.GuardrailConfig(),
-               expert_set_lines: Sequence[str] = (), round_: int = 1) -> int:
-    """Rounds of label requests -> expert labels -> certify for one candidate; returns labels used.
+               expert_set_lines: Sequence[str] = (), round_: int = 1, rivals: dict[str, float] | None = None
+               ) -> dict:
+    """Rounds of label requests -> expert labels -> certify for one candidate; returns its last
+    certification (`report` when nothing was bought). `rivals`: could_beat_champion's.
     `report`: its certification from the expert set alone, whose own lines (`expert_set_lines`) are
     printed only when no labels are bought, since they are then its verdict; before a purchase the log
     says what that pass was instead, and each look's line says how many labels it had (an expert
     set with fewer than k prompts in a family gets fewer than k). `cfg`: the guardrails its release
     will apply."""
     families = families_worth_labels(report, cfg)
-    worth, why_not = could_beat_champion(report) if families else (True, "")
+    worth, why_not = could_beat_champion(report, rivals) if families else (True, "")
     if not worth:
         echo(f"v{version}: no labels bought for {', '.join(families)}: {why_not}")
         families = []
@@ -198,7 +247,7 @@ def buy_labels(version: str, report: dict, world: WorldPaths, certify_kwargs: di
             break
     if used:
         echo(f"  version {version}: {used} expert labels on its own responses ({', '.join(families)})")
-    return used
+    return report
 
 
 def purchases_markdown(rows: list[dict]) -> str:

@@ -67,6 +67,8 @@ class RoundContext:
     budget: LabelBudget
     evaluate: Callable[..., None]
     """(candidate name, its training summary[, certify's predictor {"rm_dir", "correction"}])"""
+    settle: Callable[[], None]
+    """The label purchases of the candidates evaluated since (labels.Purchases.settle)."""
     guardrails: dict | None
     echo: Callable[[str], None]
     state: MR.MainState
@@ -141,6 +143,7 @@ def run_round(ctx: RoundContext, r: int, diagnostic: str, lead: str) -> dict | N
         predictor = {"rm_dir": repaired["out"], "correction": wrapper}  # certify's, on the candidates' own labels
         done = MR.train_or_reuse(_jobs(r, repaired["out"], wrapper, ctx), ctx.world, ctx.parent_run_id, ctx.state,
                                  ctx.echo, lambda name, s: ctx.evaluate(name, s, predictor))
+        ctx.settle()
         record["versions"] = [str(s["model_version"]) for s in done.values()]
         MR.release_and_grade(record["versions"], ctx.world, ctx.guardrails, ctx.state, ctx.echo)
     return record

@@ -3,7 +3,8 @@
 gold-free diagnostic -> correction -> the seed's five historical recipes and two corrected candidates
 (kl 0.1/800 and kl 0.05/1200 on the corrected reward, each registered at the checkpoint with the best
 balanced truth the over-optimisation watch estimates), trained side by side (candidates.py) -> dev_eval and certify
-of each as it finishes -> release of every candidate, in recipe order -> grade (the oracle's truth,
+of each as it finishes -> once all have trained, label purchases, the most promising first (labels.Purchases)
+-> release of every candidate, in recipe order -> grade (the oracle's truth,
 never read by release) -> the champion's recipe trained on the oracle's true reward (this world's
 ceiling for that budget) -> a summary table (summary.py).
 A main that stopped continues with `resume` (resume.py: what it reuses, and how it knows it is whole).
@@ -28,7 +29,7 @@ from rlhf_mlflow.steps.diagnostic import run_diagnostic_step
 from rlhf_mlflow.steps.grade import run_grade_checkpoint
 from rlhf_mlflow.steps.main import resume as MR
 from rlhf_mlflow.steps.main.candidates import CHECKPOINTS, WATCH_EVERY, TrainJob
-from rlhf_mlflow.steps.main.labels import LabelBudget, buy_labels, purchase_metrics, purchases, purchases_markdown
+from rlhf_mlflow.steps.main.labels import LabelBudget, Purchases, purchase_metrics, purchases, purchases_markdown
 from rlhf_mlflow.steps.main.rounds import (
     RoundContext,
     finished_rounds,
@@ -107,12 +108,14 @@ def run_main(world: WorldPaths, out_dir: str, steps_scale: float = 1.0, ceiling:
             echo(f"resume: main run {state.runs[-2] if len(state.runs) > 1 else '-'} stopped; "
                  f"{budget.spent} expert labels bought before it are reused")
         diag_path, wrapper = _diagnosis(world, out_dir, state, echo)
-        evaluate = _evaluator(world, out_dir, (diag_path, wrapper), budget, gates, state, echo)
+        evaluate, buyer = _evaluator(world, out_dir, (diag_path, wrapper), budget, gates, state, echo)
         candidates = MR.train_or_reuse(candidate_jobs(wrapper, steps_scale, world.expert_set), world,
                                        parent.info.run_id, state, echo, evaluate)
+        buyer.settle()
         # in recipe order: each release compares with the champion so far
         MR.release_and_grade([s["model_version"] for s in candidates.values()], world, guardrails, state, echo)
-        ctx = RoundContext(world, out_dir, parent.info.run_id, steps_scale, budget, evaluate, guardrails, echo, state)
+        ctx = RoundContext(world, out_dir, parent.info.run_id, steps_scale, budget, evaluate, buyer.settle,
+                           guardrails, echo, state)
         records = later_rounds(ctx, rounds, diag_path, [s["model_version"] for n, s in candidates.items() if n in CORRECTED],
                                finished_rounds(out_dir) if resume else [])
         table = summary_table(state.runs)
@@ -139,10 +142,12 @@ def _diagnosis(world: WorldPaths, out_dir: str, state: MR.MainState, echo: Calla
 
 def _evaluator(world: WorldPaths, out_dir: str, diagnosis: tuple[str, str | None], budget: LabelBudget,
                gates: G.GuardrailConfig, state: MR.MainState, echo: Callable[[str], None]
-               ) -> Callable[[str, dict], None]:
-    """dev_eval, certify and label purchases of a candidate as it finishes (while others still train);
+               ) -> tuple[Callable[..., None], Purchases]:
+    """dev_eval and certify of a candidate as it finishes (while others still train), and its label
+    purchase once the round's candidates have all trained (Purchases.settle, the most promising first);
     once per version over a main and its resumes."""
     base = {"diagnostic": diagnosis[0], "correction": diagnosis[1]}
+    buyer = Purchases(world, out_dir, budget, gates, echo)
 
     def evaluate(name: str, s: dict, predictor: dict | None = None) -> None:
         """`predictor`: {"rm_dir", "correction"} of a later round's repaired reward model, which certify
@@ -157,9 +162,8 @@ def _evaluator(world: WorldPaths, out_dir: str, diagnosis: tuple[str, str | None
                      run_name=f"dev_eval-{name}")
         expert_set: list[str] = []  # a verdict only if no labels follow (buy_labels)
         report = run_certify(version=v, world=world, echo=expert_set.append, **inputs)["report"]
-        buy_labels(v, report, world, inputs, budget, out_dir, echo, gates, expert_set, round_of(name))
-        state.mark(f"evaluated/v{v}")
-    return evaluate
+        buyer.add(v, report, inputs, expert_set, round_of(name), lambda: state.mark(f"evaluated/v{v}"))
+    return evaluate, buyer
 
 
 def _publish(table: pd.DataFrame, records: list[dict], parent, gates: G.GuardrailConfig, labels_spent: int,
