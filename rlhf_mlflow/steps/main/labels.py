@@ -20,6 +20,7 @@ import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from statistics import NormalDist
+from typing import NamedTuple
 
 from rlhf_mlflow.core import records as D
 from rlhf_mlflow.core import vocab as V
@@ -182,20 +183,30 @@ class Purchases:
     def add(self, version: str, report: dict, inputs: dict, expert_set_lines: Sequence[str], round_: int,
             done: Callable[[], None]) -> None:
         """A candidate's certification from the expert set alone; `done` runs once its purchase is over."""
-        self.pending.append((version, report, inputs, tuple(expert_set_lines), round_, done))
+        self.pending.append(Pending(version, report, inputs, tuple(expert_set_lines), round_, done))
 
     def settle(self) -> None:
-        def promise(item):
-            guess = predicted_balanced(item[1])
+        def promise(p: Pending) -> float:
+            guess = predicted_balanced(p.report)
             return -math.inf if guess is None else guess
         rivals: dict[str, float] = {}
         order, self.pending = sorted(self.pending, key=promise, reverse=True), []
-        for version, report, inputs, lines, round_, done in order:
-            final = buy_labels(version, report, self.world, inputs, self.budget, self.out_dir, self.echo,
-                               self.gates, lines, round_, rivals)
+        for p in order:
+            final = buy_labels(p.version, p.report, self.world, p.inputs, self.budget, self.out_dir, self.echo,
+                               self.gates, p.expert_set_lines, p.round_, rivals)
             if final["balanced"].get("certifiable") and releasable(final, self.gates):
-                rivals[f"v{version} (this round)"] = final["balanced"]["lo"]
-            done()
+                rivals[f"v{p.version} (this round)"] = final["balanced"]["lo"]
+            p.done()
+
+
+class Pending(NamedTuple):
+    """A candidate waiting for its label purchase (Purchases.add's arguments)."""
+    version: str
+    report: dict
+    inputs: dict
+    expert_set_lines: tuple[str, ...]
+    round_: int
+    done: Callable[[], None]
 
 
 def buy_labels(version: str, report: dict, world: WorldPaths, certify_kwargs: dict, budget: LabelBudget,
