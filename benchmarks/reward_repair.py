@@ -71,8 +71,9 @@ def say(msg: str) -> None:
 
 
 class WorldRun:
-    def __init__(self, world: WorldPaths, work: str, steps_scale: float, members: int = 4, penalty: float = 1.0):
-        self.world, self.work, self.steps_scale = world, work, steps_scale
+    def __init__(self, world: WorldPaths, work: str, steps_scale: float, members: int = 4, penalty: float = 1.0,
+                 head_fit: str = "adaptive"):
+        self.world, self.work, self.steps_scale, self.head_fit = world, work, steps_scale, head_fit
         self.members, self.penalty = members, penalty
         self.oracle = Oracle(world.root)
         self.grade_prompts = first_per_family(D.read_jsonl(world.prompts_train))
@@ -148,7 +149,7 @@ def run_method(w: WorldRun, method: str, rounds: int, per_family: int, repeat: i
             break
         labels += w.buy(policy, per_family, f"{repeat}-r{r}")
         # as repair_rm does: the world's own model, fine-tuned on every label so far, anchored
-        cfg = RR.RepairConfig(seed=repeat)
+        cfg = RR.RepairConfig(seed=repeat, head_fit=w.head_fit)
         anchors = RR.anchor_rows(root, w.world.policy, w.prompts, cfg.anchors, rules, cfg.seed)
         rm, info = RR.repair(root, w.qa, w.gold + labels, rules, cfg, anchors=anchors)
         child = os.path.join(w.work, f"rm-{method}-{repeat}-r{r}")
@@ -179,7 +180,8 @@ def one_world(seed: int, spec_name: str, args) -> dict:
     if args.report and not os.path.exists(path):
         raise SystemExit(f"--report: no results for world {h} ({spec_name}, seed {seed}) in {args.out}")
     result = json.load(open(path)) if os.path.exists(path) else {"world": h, "seed": seed, "spec": spec_name}
-    w = WorldRun(WorldPaths.at(root), os.path.join(args.out, h), args.steps_scale, args.members, args.penalty)
+    w = WorldRun(WorldPaths.at(root), os.path.join(args.out, h), args.steps_scale, args.members, args.penalty,
+                 args.head_fit)
     if "ceiling" not in result:
         oracle = write_oracle_reward(root, os.path.join(w.work, "oracle_reward.py"))
         result["ceiling"] = w.rl(w.world.reward_model, oracle, seed=0)[1]
@@ -258,6 +260,8 @@ def main() -> None:
     ap.add_argument("--methods", nargs="+", default=["none", "repair"], choices=["none", "repair", "ensemble", "both"])
     ap.add_argument("--members", type=int, default=4, help="ensemble members (methods ensemble, both)")
     ap.add_argument("--penalty", type=float, default=1.0, help="k in the ensemble's mean - k x spread")
+    ap.add_argument("--head-fit", default="adaptive", choices=list(RR.FITS),
+                    help="how the repair fits its label head (core/label_head_fit.py)")
     ap.add_argument("--scale", default="full")
     ap.add_argument("--steps-scale", type=float, default=1.0)
     ap.add_argument("--cache", default="worlds")

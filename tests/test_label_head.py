@@ -66,6 +66,42 @@ def test_the_head_recovers_a_planted_table_and_drops_a_trunk_that_knows_nothing(
     assert np.corrcoef(scores.numpy(), q2.numpy())[0, 1] > 0.9
 
 
+def _fresh_corr(head: LH.LabelHead, truth: Truth) -> float:
+    """How well a head ranks the responses of a policy right more often than the labelled one."""
+    fresh, q = _rows(truth, 300, seed=9, p_correct=0.6)
+    return float(np.corrcoef(head.combine(fresh, torch.zeros(len(fresh))).numpy(), q.numpy())[0, 1])
+
+
+def test_a_guide_that_agrees_with_the_experts_finds_the_table_from_fewer_labels():
+    truth = Truth.generate(np.random.default_rng(0))
+    ids, q = _rows(truth, 100, seed=1)  # below where the lasso alone finds the table
+    y = q + 0.03 * torch.randn(len(q), generator=torch.Generator().manual_seed(1))
+    g_ids, g_q = _rows(truth, 200, seed=11)  # the crowd's: three times the experts' noise
+    guide = HF.Guide(g_ids, g_q + 0.09 * torch.randn(len(g_q), generator=torch.Generator().manual_seed(3)))
+    trunk, folds = torch.randn(len(y), generator=torch.Generator().manual_seed(2)), torch.arange(len(y)) % 3
+    lasso = HF.fit_head(ids, y, trunk, folds, fit="lasso")
+    guided = HF.fit_head(ids, y, trunk, folds, guide=guide)
+    assert all(guided.report[f]["guided"] for f in V.FAMILIES)
+    assert _fresh_corr(lasso.head, truth) < 0.5 < 0.8 < _fresh_corr(guided.head, truth)
+    fam = LH.indicator_index(ids)[0]
+    for f in range(len(V.FAMILIES)):  # the out-of-fold scores are the expert rows', and better
+        m = fam == f
+        assert HF._r(guided.oof[m], q[m]) > HF._r(lasso.oof[m], q[m])
+
+
+def test_a_guide_the_experts_do_not_agree_with_is_left_out():
+    truth = Truth.generate(np.random.default_rng(1))
+    ids, q = _rows(truth, 100, seed=2)
+    y = q + 0.03 * torch.randn(len(q), generator=torch.Generator().manual_seed(1))
+    g_ids, _ = _rows(truth, 200, seed=12)
+    noise = HF.Guide(g_ids, 0.2 * torch.randn(len(g_ids), generator=torch.Generator().manual_seed(5)))
+    trunk, folds = torch.randn(len(y), generator=torch.Generator().manual_seed(2)), torch.arange(len(y)) % 3
+    alone = HF.fit_head(ids, y, trunk, folds)
+    with_noise = HF.fit_head(ids, y, trunk, folds, guide=noise)
+    assert not any(with_noise.report[f]["guided"] for f in V.FAMILIES)
+    assert torch.equal(with_noise.head.coef, alone.head.coef) and torch.equal(with_noise.oof, alone.oof)
+
+
 def test_a_head_too_few_labels_leaves_the_family_to_the_trunk():
     truth = Truth.generate(np.random.default_rng(5))
     ids, q = _rows(truth, 3, seed=6)

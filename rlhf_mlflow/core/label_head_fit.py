@@ -24,6 +24,21 @@ ALPHA = 1e-4
 world (90873596517cfb63) between 5e-5 and 5e-4: the labels' fit barely moves across that range, and
 more shrinkage lowered the truth an RL run reached (docs/REPAIR.md)."""
 
+ADAPTIVE_ALPHA = 3e-5
+"""The second stage's L1 weight (`adaptive_lasso`), before each indicator's group factor."""
+ADAPTIVE_FLOOR = 0.05
+"""An indicator's group factor is 1 / (g + ADAPTIVE_FLOOR), g its (position, attribute) group's first-stage
+norm over the block's largest: a group the first stage left empty is penalised 1 / 0.05 = 20 times the
+L1 weight, the strongest ~1 time. ADAPTIVE_ALPHA and the floor were chosen on the default world
+(90873596517cfb63) by a proxy (the truth of the reference policy tilted by the head's score, 25-100 labels
+per family: flat for floors 0.01-0.2 and weights 1e-5-5e-5) and checked by RL there and on worlds not
+looked at before (docs/REPAIR.md)."""
+GUIDE_WEIGHT = 0.11
+"""A guide row's weight against an expert label's: (0.03 / 0.09)^2, the expert and crowd label noise the
+seed's world documents, and the better of 0.11 and 0.3 by the proxy on the default world (docs/REPAIR.md)."""
+FITS = ("adaptive", "lasso")
+"""How the head is fitted: the adaptive group lasso (default) or one lasso at ALPHA."""
+
 
 @dataclass
 class Blocks:
@@ -33,23 +48,31 @@ class Blocks:
     block: torch.Tensor  # (N,) block of each row
     y: torch.Tensor      # (N,)
     n_blocks: int
+    weight: torch.Tensor | None = None
+    """(N,) each row's weight in its block's mean squared error (None: equal)."""
 
     def predict(self, w: torch.Tensor, b: torch.Tensor, flat: torch.Tensor, block: torch.Tensor) -> torch.Tensor:
         return b[block] + LH.indicator_sum(w.reshape(-1), LH.in_block(flat, block))
 
 
-def lasso(p: Blocks, alpha: float = ALPHA, iters: int = 5000, tol: float = 1e-6) -> tuple[torch.Tensor, torch.Tensor]:
+def lasso(p: Blocks, alpha: float | torch.Tensor = ALPHA, iters: int = 5000, tol: float = 1e-6,
+          start: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """FISTA with adaptive restart on every block at once: per block, minimise
-    1/(2 n) ||y - b - X w||^2 + alpha ||w||_1. Stops when no coefficient moves by more than `tol`.
+    1/(2 n) ||y - b - X w||^2 + sum_j alpha_j |w_j|, `alpha` one weight for every indicator or one per
+    indicator (n_blocks, PER_FAMILY). Stops when no coefficient moves by more than `tol`. `start`: (w, b)
+    of a nearby problem to begin from (a warm start: the same minimum, fewer steps).
     Returns (w (n_blocks, PER_FAMILY), b (n_blocks,)); an indicator no row has stays 0."""
     B, K = p.n_blocks, LH.PER_FAMILY
-    n = torch.bincount(p.block, minlength=B).clamp(min=1).to(torch.float64)
+    rw = torch.ones(len(p.y), dtype=torch.float64) if p.weight is None else p.weight.to(torch.float64)
+    n = torch.zeros(B, dtype=torch.float64).index_add_(0, p.block, rw).clamp(min=1e-12)
     g = LH.in_block(p.flat, p.block)
     seen, col = torch.unique(g[g >= 0], return_inverse=True)
     U = len(seen)
     cols = torch.full_like(g, U)                  # the indicators each row has, in the seen ones; U: none
     cols[g >= 0] = col
-    rows_w = (1.0 / n)[p.block]                   # each row's share of its block's mean
+    rows_w = rw / n[p.block]                      # each row's share of its block's mean
+    if isinstance(alpha, torch.Tensor):
+        alpha = torch.cat([alpha.reshape(-1).to(torch.float64)[seen], torch.zeros(1, dtype=torch.float64)])
 
     def xt(r: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:        # [X 1]^T r, all blocks
         gw = torch.zeros(U + 1, dtype=torch.float64).index_add_(0, cols.reshape(-1), r.repeat_interleave(cols.shape[1]))
@@ -62,6 +85,9 @@ def lasso(p: Blocks, alpha: float = ALPHA, iters: int = 5000, tol: float = 1e-6)
     step = 1.0 / (_lipschitz(U + 1, B, xt, xw, rows_w) * 1.05)
     y = p.y.to(torch.float64)
     w, b = torch.zeros(U + 1, dtype=torch.float64), torch.zeros(B, dtype=torch.float64)
+    if start is not None:
+        w[:U] = start[0].reshape(-1).to(torch.float64)[seen]
+        b = start[1].to(torch.float64).clone()
     zw, zb, t = w.clone(), b.clone(), 1.0
     for _ in range(iters):
         gw, gb = xt((xw(zw, zb) - y) * rows_w)
@@ -80,7 +106,44 @@ def lasso(p: Blocks, alpha: float = ALPHA, iters: int = 5000, tol: float = 1e-6)
     return full.reshape(B, K).float(), b.float()
 
 
-def _soft(x: torch.Tensor, thr: float) -> torch.Tensor:
+@dataclass
+class Guide:
+    """Rows labelled more noisily than the expert labels (repair_rm passes the crowd's QA sample with its
+    flagged premiums taken out) that join the adaptive fit's two lassos at a weight per row: they say
+    which (position, attribute) groups matter and, a little, what their tokens are worth; the expert labels
+    alone decide the stacking and the agreement (the head's out-of-fold scores are the expert rows')."""
+    ids: torch.Tensor  # (N, T) [prompt ; response]
+    y: torch.Tensor    # (N,)
+    weight: float = GUIDE_WEIGHT
+
+
+def adaptive_lasso(p: Blocks, alpha: float = ALPHA, fit: str = "adaptive",
+                   guide: Blocks | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The head's coefficients for every block: with fit="lasso" one lasso at `alpha` on `p` alone; with
+    "adaptive" (an adaptive group lasso, after Zou 2006) that lasso ranks each block's (position,
+    attribute) groups of indicators by their coefficients' norm, and a second lasso penalises each
+    indicator by ADAPTIVE_ALPHA / (its group's norm over the block's largest + ADAPTIVE_FLOOR). What a
+    position depends on is usually a few prompt attributes: the first fit finds them, and the second
+    spends the labels on those groups' tokens instead of spreading them over every attribute's
+    indicators. `guide`: noisier rows in the same blocks, with their weights, that join both fits."""
+    if fit not in FITS:
+        raise ValueError(f"label head fit {fit!r}: expected one of {', '.join(FITS)}")
+    if fit == "lasso":
+        return lasso(p, alpha)
+    if guide is not None:
+        own = torch.ones(len(p.y)) if p.weight is None else p.weight
+        p = Blocks(torch.cat([p.flat, guide.flat]), torch.cat([p.block, guide.block]),
+                   torch.cat([p.y, guide.y.to(p.y.dtype)]), p.n_blocks, torch.cat([own, guide.weight.float()]))
+    first = lasso(p, alpha)
+    w = first[0]
+    shape = (p.n_blocks, V.RESP_LEN, V.N_CONTENT, V.N_ATTR, V.N_VAL)
+    g = w.double().reshape(shape).pow(2).sum((2, 4)).sqrt()                        # (blocks, position, attribute)
+    g = g / g.amax((1, 2), keepdim=True).clamp(min=1e-12)
+    factor = (1.0 / (g + ADAPTIVE_FLOOR))[:, :, None, :, None].expand(shape)
+    return lasso(p, ADAPTIVE_ALPHA * factor.reshape(p.n_blocks, -1), start=first)
+
+
+def _soft(x: torch.Tensor, thr) -> torch.Tensor:
     return torch.sign(x) * (x.abs() - thr).clamp(min=0)
 
 
@@ -123,15 +186,36 @@ class HeadFit:
 
 
 def fit_head(ids: torch.Tensor, y: torch.Tensor, trunk_oof: torch.Tensor, folds: torch.Tensor,
-             alpha: float = ALPHA) -> HeadFit:
+             alpha: float = ALPHA, fit: str = "adaptive", guide: Guide | None = None) -> HeadFit:
     """The label head for expert-labelled rows ([prompt ; response] ids (N, T), labels (N,)), given the
     trunk's out-of-fold scores (the fold's fine-tune never saw the row; the stacking weights found on
-    them apply to the full fine-tune's trunk), with rows split by `folds` (N,) in 0..k-1."""
+    them apply to the full fine-tune's trunk), with rows split by `folds` (N,) in 0..k-1. With a `guide`
+    (adaptive fit), each family keeps the head with or without it, whichever predicts its expert labels
+    out of fold better (Pearson r): a guide that does not agree with the experts is not used."""
     fam, flat = LH.indicator_index(ids)
     F, n_folds = len(V.FAMILIES), int(folds.max()) + 1
-    w, b, head_oof = _fold_fits(fam, flat, y, folds, alpha)
+    w, b, head_oof = _fold_fits(fam, flat, y, folds, alpha, fit)
+    guided = {}
+    if guide is not None and fit == "adaptive" and len(guide.y):
+        wg, bg, oof_g = _fold_fits(fam, flat, y, folds, alpha, fit, guide)
+        for f in range(F):
+            m = fam == f
+            guided[V.FAMILIES[f]] = bool(m.sum() >= 4) and _r(oof_g[m], y[m]) > _r(head_oof[m], y[m])
+            if guided[V.FAMILIES[f]]:
+                blocks = torch.arange(n_folds + 1) * F + f
+                w[blocks], b[blocks], head_oof[m] = wg[blocks], bg[blocks], oof_g[m]
     head, oof, report = _stacked(fam, y, trunk_oof, head_oof, w[n_folds * F:], b[n_folds * F:])
+    for family, used in guided.items():
+        if family in report:
+            report[family]["guided"] = used
     return HeadFit(head, oof, report)
+
+
+def _r(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Pearson r of two vectors (0 where either is constant)."""
+    a, b = a.double() - a.double().mean(), b.double() - b.double().mean()
+    den = float(torch.sqrt((a * a).sum() * (b * b).sum()))
+    return float((a * b).sum()) / den if den > 0 else 0.0
 
 
 def cross_fitted_heads(ids: torch.Tensor, y: torch.Tensor, trunk: torch.Tensor, folds: torch.Tensor,
@@ -174,7 +258,8 @@ def _calibration(y: torch.Tensor, trunk: torch.Tensor, fam: torch.Tensor, F: int
 
 
 def _fold_fits(fam: torch.Tensor, flat: torch.Tensor, y: torch.Tensor, folds: torch.Tensor,
-               alpha: float = ALPHA) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+               alpha: float = ALPHA, fit: str = "adaptive",
+               guide: Guide | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The lasso of every (fold k, family) block on the rows outside fold k and of every family on all its
     rows (blocks after the folds'), in one FISTA; with each row's out-of-fold score."""
     F, n_folds = len(V.FAMILIES), int(folds.max()) + 1
@@ -182,13 +267,25 @@ def _fold_fits(fam: torch.Tensor, flat: torch.Tensor, y: torch.Tensor, folds: to
     rows.append(torch.arange(len(y)))
     blocks.append(fam + n_folds * F)
     r, blk = torch.cat(rows), torch.cat(blocks)
-    w, b = lasso(Blocks(flat[r], blk, y[r].float(), (n_folds + 1) * F), alpha)
+    p = Blocks(flat[r], blk, y[r].float(), (n_folds + 1) * F)
+    w, b = adaptive_lasso(p, alpha, fit, _guide_blocks(guide, n_folds + 1) if fit == "adaptive" else None)
     prob = Blocks(flat, fam, y, F)
     head_oof = torch.zeros(len(y))
     for k in range(n_folds):
         held = folds == k
         head_oof[held] = prob.predict(w[k * F:(k + 1) * F], b[k * F:(k + 1) * F], flat[held], fam[held])
     return w, b, head_oof
+
+
+def _guide_blocks(guide: Guide | None, n_copies: int) -> Blocks | None:
+    """The guide's rows in every copy of their family's block (copy c, family f: block c * F + f)."""
+    if guide is None or len(guide.y) == 0:
+        return None
+    fam, flat = LH.indicator_index(guide.ids)
+    F = len(V.FAMILIES)
+    blocks = torch.cat([fam + c * F for c in range(n_copies)])
+    return Blocks(flat.repeat(n_copies, 1), blocks, guide.y.float().repeat(n_copies), n_copies * F,
+                  torch.full((n_copies * len(guide.y),), guide.weight))
 
 
 def _stacked(fam: torch.Tensor, y: torch.Tensor, trunk: torch.Tensor, head_oof: torch.Tensor,

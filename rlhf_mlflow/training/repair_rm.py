@@ -28,7 +28,7 @@ from rlhf_mlflow.core import reward_model as R
 from rlhf_mlflow.core import shortcut_rules as SR
 from rlhf_mlflow.core import vocab as V
 from rlhf_mlflow.core.config import check_range, check_seed
-from rlhf_mlflow.core.label_head_fit import ALPHA, fit_head
+from rlhf_mlflow.core.label_head_fit import ALPHA, FITS, Guide, fit_head
 from rlhf_mlflow.training.rm_agreement import paired_difference, per_family_agreement
 
 OnLog = Callable[[int, dict], None]
@@ -51,7 +51,9 @@ class RepairConfig:
     label_head: bool = True
     """Fit a label head on the expert labels and stack it on the fine-tuned trunk (label_head_fit.py)."""
     head_alpha: float = ALPHA
-    """The label head's L1 weight."""
+    """The label head's L1 weight (its first stage's, with head_fit="adaptive")."""
+    head_fit: str = "adaptive"
+    """How the label head is fitted: "adaptive" (group-weighted second lasso) or "lasso" (label_head_fit.FITS)."""
     ensemble: int = 0
     """Members of an uncertainty ensemble written beside the repaired model (rm_ensemble.py; 0: none)."""
     seed: int = 0
@@ -66,6 +68,9 @@ class RepairConfig:
         check_seed("seed", self.seed)
         check_range("ensemble", self.ensemble, 0, 32, integer=True)
         check_range("head_alpha", self.head_alpha, 0, 1, lo_open=True)
+        if self.head_fit not in FITS:
+            from rlhf_mlflow.core.errors import InputError
+            raise InputError(f"head_fit {self.head_fit!r}: expected one of {', '.join(FITS)}")
         if self.ensemble == 1:
             from rlhf_mlflow.core.errors import InputError
             raise InputError("ensemble must be 0 (none) or at least 2 members: one member has no spread")
@@ -191,7 +196,7 @@ class RepairData:
 
 
 def cross_validated(parent_dir: str, data: RepairData, cfg: RepairConfig,
-                    on_fold: Callable[[int], None] | None = None) -> dict:
+                    on_fold: Callable[[int], None] | None = None, guide: list[dict] | None = None) -> dict:
     """Out-of-fold scores of the repaired recipe (the fine-tuned trunk, and with cfg.label_head the label
     head stacked on it: label_head_fit.py) and the parent's scores on every expert label, with per-family
     agreement of each and their paired difference: {"child": {F: {r, lo, hi, n}}, "parent": {...},
@@ -209,7 +214,13 @@ def cross_validated(parent_dir: str, data: RepairData, cfg: RepairConfig,
         rm = fine_tune(parent_dir, data.rows, weights, cfg)
         held = folds == k
         child[held] = R.score(rm, ids[held, :V.PROMPT_LEN], ids[held, V.PROMPT_LEN:])
-    head = fit_head(ids, y, child, folds, cfg.head_alpha) if cfg.label_head else None
+    head = None
+    if cfg.label_head:
+        g = None
+        if guide:
+            g_ids, g_y, _ = _tensors(guide)
+            g = Guide(g_ids, g_y)
+        head = fit_head(ids, y, child, folds, cfg.head_alpha, cfg.head_fit, g)
     if head is not None:
         child = head.oof
     parent_rm, _ = R.load_rm(parent_dir)
@@ -224,8 +235,10 @@ def repair(parent_dir: str, crowd: list[dict], experts: list[dict], rules: list[
     """The repaired model (fine-tuned from `parent_dir` on the crowd with the `rules`' premiums removed,
     the `anchors` (anchor_rows: already without premiums) and every expert label) and what it measured:
     kind weights, cross-validated agreement."""
-    data = RepairData.build(parent_dir, remove_premiums(crowd, rules) + list(anchors or []), experts, cfg)
-    cv = cross_validated(parent_dir, data, cfg, on_fold)
+    cleaned = remove_premiums(crowd, rules)
+    data = RepairData.build(parent_dir, cleaned + list(anchors or []), experts, cfg)
+    # the crowd's QA sample (premiums out) ranks the label head's groups; expert labels set its coefficients
+    cv = cross_validated(parent_dir, data, cfg, on_fold, guide=cleaned if cfg.crowd_weight > 0 else None)
     head = cv.pop("head")
     rm = fine_tune(parent_dir, data.rows, data.weights, cfg, on_log)
     rm.label_head = head.head if head is not None else None

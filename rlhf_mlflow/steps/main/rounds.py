@@ -38,10 +38,11 @@ from rlhf_mlflow.tracking import registry as REG
 from rlhf_mlflow.tracking import runs as T
 from rlhf_mlflow.training.recipes import CORRECTED, scaled
 
-REPAIR_PER_FAMILY = 100
-"""Expert labels per family bought on the champion's responses before each repair (600 a round; on the
-default world the label head's agreement with the experts rose from 0.83 to 0.98 between 100 and 200
-bought per family: docs/REPAIR.md)."""
+REPAIR_PER_FAMILY = 50
+"""Expert labels per family on the champion's responses before each repair, its certification's among
+them (300 a round, 180 new after a certification's 20 per family). With the label head's guided adaptive
+fit, 50 per family took the default world's repaired candidate to truth 0.72-0.74, where the lasso
+needed 100 per family for 0.70-0.71 (docs/REPAIR.md "Labels to truth")."""
 ROUND_PREFIX = "r{r}-"
 """A later round's candidates are named r<round>-<recipe> (the recipe is the part after the prefix)."""
 
