@@ -93,7 +93,7 @@ def test_a_guide_the_experts_do_not_agree_with_is_left_out():
     truth = Truth.generate(np.random.default_rng(1))
     ids, q = _rows(truth, 100, seed=2)
     y = q + 0.03 * torch.randn(len(q), generator=torch.Generator().manual_seed(1))
-    g_ids, _ = _rows(truth, 200, seed=12)
+    g_ids, _ = _rows(truth, 100, seed=12)
     noise = HF.Guide(g_ids, 0.2 * torch.randn(len(g_ids), generator=torch.Generator().manual_seed(5)))
     trunk, folds = torch.randn(len(y), generator=torch.Generator().manual_seed(2)), torch.arange(len(y)) % 3
     alone = HF.fit_head(ids, y, trunk, folds)

@@ -90,6 +90,8 @@ def test_portable_repair_writes_a_reward_model_the_seed_layout_loads(tiny_world,
     assert not repaired["config"]["off_policy"]
     assert all(not r["certifiable"] and r["reason"] == IN_SAMPLE for r in repaired["families"].values())
     assert set(report["agreement"]["difference"]) <= set(report["agreement"]["child"])
+    # the crowd's QA sample guided the head's fit, and each family says whether it kept the guided head
+    assert report["label_head"] and all(isinstance(v["guided"], bool) for v in report["label_head"].values())
 
 
 @pytest.mark.parametrize("edit, match", [

@@ -3,8 +3,8 @@
 A label scores a whole response, but what decides it is local: which token stands at each position
 given the prompt's attributes. The head is, per family, a linear function of the indicators
 "token t at response position p while prompt attribute i has value v" (8 x 24 x 4 x 8 = 6,144 per
-family), fitted by L1-regularised least squares (core/label_head_fit.py), so a few hundred labels
-pick out the few indicators that matter. The repaired score is
+family), fitted by L1-regularised least squares (core/label_head_fit.py: an adaptive group lasso), so
+a few hundred labels pick out the few indicators that matter. The repaired score is
 
     score = neural[f] * trunk score + bias[f] + sum over p, i of coef[f, p, token_p, i, attr_i]
 

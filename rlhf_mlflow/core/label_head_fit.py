@@ -2,7 +2,10 @@
 
 Per family, L1-regularised least squares over the head's indicators (the lasso, with an unpenalised
 intercept), solved for every family and fold at once by FISTA: the problem is separable by block, and
-each row touches 32 indicators, so a step is a gather and a scatter. Then, per family, the trunk's and
+each row touches 32 indicators, so a step is a gather and a scatter. The repair's head is an adaptive
+group lasso (`adaptive_lasso`: a second lasso weighted by the first's (position, attribute) group norms)
+with the crowd's QA sample as a low-weight `Guide`, kept per family only where it predicts the expert
+labels better out of fold (`fit_head`; docs/REPAIR.md). Then, per family, the trunk's and
 the head's out-of-fold scores are stacked: y ~ a * trunk + c * head + b by least squares (a and c kept
 >= 0), so the head counts as much as it predicts labels it did not see, and the trunk keeps its weight
 where the labels are too few to say more. The stacked out-of-fold scores are the repaired model's

@@ -116,7 +116,7 @@ def run_repair_rm(world: WorldPaths, labels: list[str], out: str, diagnostic: st
         version = RMR.register(run.info.run_id, out, {"world_hash": world.build_hash(), "parent_version": parent,
                                                      "replaces": replaces or "none",
                                                      "recipe": f"repair e{cfg.epochs} lr{cfg.lr:g} crowd{cfg.crowd_weight:g}"
-                                                               + (f" head{cfg.head_alpha:g}" if cfg.label_head else ""),
+                                                               + (f" head-{cfg.head_fit}{cfg.head_alpha:g}" if cfg.label_head else ""),
                                                      "expert_labels": len(gold) + len(experts_bought)})
         promoted = RMR.decide(version, _failed(gate), _description(version, parent, info, gate), run.info.run_id)
         T.log_metrics({MN.REPAIR + "promoted": float(promoted)})

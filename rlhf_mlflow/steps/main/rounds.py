@@ -42,7 +42,7 @@ REPAIR_PER_FAMILY = 50
 """Expert labels per family on the champion's responses before each repair, its certification's among
 them (300 a round, 180 new after a certification's 20 per family). With the label head's guided adaptive
 fit, 50 per family took the default world's repaired candidate to truth 0.72-0.74, where the lasso
-needed 100 per family for 0.70-0.71 (docs/REPAIR.md "Labels to truth")."""
+needed 100 per family for 0.70-0.71 (docs/REPAIR.md "The guided adaptive head")."""
 ROUND_PREFIX = "r{r}-"
 """A later round's candidates are named r<round>-<recipe> (the recipe is the part after the prefix)."""
 

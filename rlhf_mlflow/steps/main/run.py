@@ -54,7 +54,7 @@ DEFAULT_LABEL_BUDGET = 1200
 """Expert labels `main` may buy: the first round's certification (on the default world two candidates,
 20-50 per refused family), one repair round's REPAIR_PER_FAMILY x 6 and the second round's certification."""
 MAX_LABEL_BUDGET = 1_000_000
-"""The largest --label-budget (the default world's story spends ~840)."""
+"""The largest --label-budget (the default world's story spends ~420)."""
 MAX_ROUNDS = 20
 """The most --rounds main runs."""
 DEFAULT_ROUNDS = 2
