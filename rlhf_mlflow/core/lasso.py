@@ -111,9 +111,9 @@ def adaptive_lasso(p: Blocks, alpha: float = ALPHA, fit: str = "adaptive",
     if fit == "lasso":
         return lasso(p, alpha)
     if guide is not None:
-        own = torch.ones(len(p.y)) if p.weight is None else p.weight
+        own, theirs = (torch.ones(len(q.y)) if q.weight is None else q.weight.float() for q in (p, guide))
         p = Blocks(torch.cat([p.flat, guide.flat]), torch.cat([p.block, guide.block]),
-                   torch.cat([p.y, guide.y.to(p.y.dtype)]), p.n_blocks, torch.cat([own, guide.weight.float()]))
+                   torch.cat([p.y, guide.y.to(p.y.dtype)]), p.n_blocks, torch.cat([own, theirs]))
     first = lasso(p, alpha)
     w = first[0]
     shape = (p.n_blocks, V.RESP_LEN, V.N_CONTENT, V.N_ATTR, V.N_VAL)

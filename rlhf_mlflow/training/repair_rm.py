@@ -199,7 +199,8 @@ def cross_validated(parent_dir: str, data: RepairData, cfg: RepairConfig,
                     on_fold: Callable[[int], None] | None = None, guide: list[dict] | None = None) -> dict:
     """Out-of-fold scores of the repaired recipe (the fine-tuned trunk, and with cfg.label_head the label
     head stacked on it: label_head_fit.py) and the parent's scores on every expert label, with per-family
-    agreement of each and their paired difference: {"child": {F: {r, lo, hi, n}}, "parent": {...},
+    agreement of each and their paired difference (`guide`: crowd rows the head's fit may use, Guide in
+    label_head_fit.py): {"child": {F: {r, lo, hi, n}}, "parent": {...},
     "difference": {F: {diff, lo, hi, n}}, "head": HeadFit or None}."""
     idx = data.expert_index()
     experts = [data.rows[int(i)] for i in idx]
@@ -216,12 +217,8 @@ def cross_validated(parent_dir: str, data: RepairData, cfg: RepairConfig,
         child[held] = R.score(rm, ids[held, :V.PROMPT_LEN], ids[held, V.PROMPT_LEN:])
     head = None
     if cfg.label_head:
-        g = None
-        if guide:
-            g_ids, g_y, _ = _tensors(guide)
-            g = Guide(g_ids, g_y)
-        head = fit_head(ids, y, child, folds, cfg.head_alpha, cfg.head_fit, g)
-    if head is not None:
+        head = fit_head(ids, y, child, folds, cfg.head_alpha, cfg.head_fit,
+                        Guide(*_tensors(guide)[:2]) if guide else None)
         child = head.oof
     parent_rm, _ = R.load_rm(parent_dir)
     parent = R.score(parent_rm, ids[:, :V.PROMPT_LEN], ids[:, V.PROMPT_LEN:])
